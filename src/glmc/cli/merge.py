@@ -1,0 +1,69 @@
+"""glmc merge A B -o OUT: the model alpha·A + (1 − alpha)·π(B)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from glmc.api import interpolate
+from glmc.cli.align import REPORT, add_alignment_options, load_pair, run_alignment, write_output
+from glmc.cli.common import add_allow_pickle, add_json, emit_json
+from glmc.cli.main import add_command
+from glmc.errors import GlmcError
+from glmc.io.folders import write_json
+from glmc.matching.weight import check_pair
+from glmc.models.circuit import to_circuit
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(
+        sub, "merge",
+        "Merge two models: alpha·A + (1 − alpha)·π(B), with B aligned to A first "
+        "(--align weight) or not (--align none). alpha = 1 is A.",
+        "glmc merge runs/gpt-a runs/gpt-b -o runs/merged --alpha 0.5 --align weight")
+    p.add_argument("a", help="model folder A (alpha = 1)")
+    p.add_argument("b", help="model folder B (alpha = 0)")
+    p.add_argument("-o", "--out", required=True, help="output folder (written atomically)")
+    p.add_argument("--alpha", type=float, default=0.5, help="weight of model A")
+    p.add_argument("--align", choices=("none", "weight"), default="weight",
+                   help="how to align B to A before averaging")
+    p.add_argument("--no-stock", action="store_true",
+                   help="always write a glmc folder, even when the stock class could hold it")
+    add_alignment_options(p)
+    add_json(p)
+    add_allow_pickle(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0.0 <= args.alpha <= 1.0:
+        raise GlmcError(f"--alpha must lie in [0, 1], got {args.alpha}")
+    t0 = time.perf_counter()
+    a, b = load_pair(args)
+    report: dict = {"command": "merge", "a": str(args.a), "b": str(args.b),
+                    "alpha": args.alpha, "align": args.align}
+    transform = None
+    if args.align == "none":
+        ca, cb = a.canonical, b.canonical
+        if args.heads == "circuit":
+            ca, cb = to_circuit(ca), to_circuit(cb)
+        check_pair(ca, cb)
+    else:
+        al = run_alignment(args, a, b)
+        ca, cb, transform = al.a, al.aligned, al.transform
+        report |= {"residual": args.residual, "heads": args.heads,
+                   "matching": al.match.to_json() if al.match else None}
+    merged = ca.with_state(interpolate(ca.state, cb.state, args.alpha))
+    fmt, out = write_output(args.out, merged.to(torch.float32), not args.no_stock, report,
+                            transform)
+    report["format"] = fmt
+    report["seconds"] = round(time.perf_counter() - t0, 3)
+    write_json(out / REPORT, report)
+    if args.json:
+        emit_json(report)
+    else:
+        print(f"wrote {out} ({fmt}): {args.alpha}·A + {1 - args.alpha:g}·"
+              f"{'π(B)' if transform is not None else 'B'}")
+    return 0

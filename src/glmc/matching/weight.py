@@ -1,0 +1,394 @@
+"""Weight matching (data-free): maximise Σ_t w_t·⟨A_t, π(B)_t⟩ by coordinate descent.
+
+Generic over the spec. Units of the descent:
+
+- the residual space (group "orthogonal"): orthogonal Procrustes, or an assignment for the
+  permutation-only ablation;
+- every plain permutation space (MLP units, heads in circuit form): a linear assignment;
+- every block permutation with nested inner spaces (heads in head form): an assignment over
+  heads with a cost invariant to the inner maps (inner products of QK and OV circuits,
+  computed from the low-rank factors), then each matched head's inner basis.
+
+Spaces other than the residual one touch only the residual space, so given the residual map
+they are independent: one iteration solves all of them, then the residual map. Tensors
+inside a head contribute through their circuits (invariant to the inner maps); all others
+through their plain inner product. The objective never decreases: a step that would lower
+it is undone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from glmc.errors import GlmcError
+from glmc.matching.solvers import align_inner, assignment, procrustes
+from glmc.models.model import CanonicalModel
+from glmc.symmetry.groups import BlockMatrix, Element, Matrix, Permutation, ones_complement_basis
+from glmc.symmetry.spec import SymmetrySpec
+from glmc.symmetry.transform import Transform, _nested_pairs, apply_axes
+
+StateDict = dict[str, torch.Tensor]
+
+
+@dataclass
+class WeightMatchingOptions:
+    residual: str = "orthogonal"  # "orthogonal" | "permutation" | "none"
+    max_iter: int = 15
+    tol: float = 1e-5  # stop when an iteration improves the objective by less (relative)
+    init: str = "spectral"  # "spectral" | "identity": the residual map's starting point
+    weighting: str = "sqrt"  # "sqrt": divide tables by sqrt(their data rows) | "none"
+    #: Keep the residual map fixing the all-ones direction (exportable to LayerNorm models);
+    #: None: when both models are centred (every residual writer mean-zero).
+    fix_ones: bool | None = None
+    seed: int = 0
+    #: Per parameter: (axis, boolean mask) of the rows that count (e.g. tokens seen).
+    row_masks: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)
+
+
+@dataclass
+class MatchResult:
+    transform: Transform
+    trace: list[dict]  # per iteration: objective, normalised objective, seconds per kind
+    converged: bool
+    init_objective: float
+    norm: float  # sqrt(‖A‖²·‖B‖²) of the weighted objective, to read it as a cosine
+
+    def to_json(self) -> dict:
+        return {"iterations": len(self.trace), "converged": self.converged,
+                "init_objective": self.init_objective, "norm": self.norm, "trace": self.trace}
+
+
+# -- the problem ----------------------------------------------------------------------------
+
+
+def check_pair(a: CanonicalModel, b: CanonicalModel) -> None:
+    """Same parameters with the same shapes, all finite (clear errors otherwise)."""
+    for name, ta in a.state.items():
+        if name not in b.state:
+            raise GlmcError(f"model B lacks tensor {name} (shape {list(ta.shape)} in A)")
+        if ta.shape != b.state[name].shape:
+            raise GlmcError(f"tensor {name}: shape {list(ta.shape)} in A, "
+                            f"{list(b.state[name].shape)} in B (different sizes are not "
+                            "supported yet)")
+    extra = sorted(set(b.state) - set(a.state))
+    if extra:
+        raise GlmcError(f"model B has tensor {extra[0]} that A lacks")
+    for who, m in (("A", a), ("B", b)):
+        for name, t in m.state.items():
+            if not bool(torch.isfinite(t).all()):
+                raise GlmcError(f"model {who}: tensor {name} contains NaN or Inf")
+
+
+def _weights(spec: SymmetrySpec, state: StateDict, scheme: str) -> dict[str, float]:
+    """w_t = 1/(rows no symmetry touches): embedding tables and heads do not drown blocks."""
+    w = {}
+    for name, tags in spec.axes.items():
+        free = 1
+        for size, tag in zip(state[name].shape, tags, strict=True):
+            if tag is None:
+                free *= size
+        w[name] = 1.0 / free if scheme == "sqrt" else 1.0
+    return w
+
+
+@dataclass
+class Bundle:
+    """The tensors of one inner space: X (its output side) and Y (its input side)."""
+
+    space: str
+    xs: list[tuple[str, int]]
+    ys: list[tuple[str, int]]
+
+
+def _stack(state: StateDict, parts: list[tuple[str, int]]) -> torch.Tensor:
+    return torch.cat([state[n].movedim(ax, 0).reshape(state[n].shape[ax], -1)
+                      for n, ax in parts], dim=1)
+
+
+def _axis_first(t: torch.Tensor, axis: int) -> torch.Tensor:
+    return t.movedim(axis, 0).reshape(t.shape[axis], -1)
+
+
+class Problem:
+    """Weighted A and B, the spec's units, and the objective's terms."""
+
+    def __init__(self, a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions):
+        spec = a.spec
+        self.spec, self.opts = spec, opts
+        w = _weights(spec, a.state, opts.weighting)
+        self.A: StateDict = {}
+        self.B: StateDict = {}
+        for name in spec.axes:
+            sa, sb = a.state[name], b.state[name]
+            if name in opts.row_masks:
+                axis, mask = opts.row_masks[name]
+                shape = [1] * sa.dim()
+                shape[axis] = -1
+                m = mask.reshape(shape).to(sa.dtype)
+                sa, sb = sa * m, sb * m
+            scale = w[name] ** 0.5
+            self.A[name], self.B[name] = sa * scale, sb * scale
+        nested = _nested_pairs(spec)
+        self.inner_of: dict[str, list[str]] = defaultdict(list)
+        for inner, outer in sorted(nested):
+            self.inner_of[outer].append(inner)
+        inner_spaces = {i for i, _ in nested}
+        self.bundles = [
+            Bundle(s, [(n, ax) for n, ax, v in spec.occurrences(s) if v == "out"],
+                   [(n, ax) for n, ax, v in spec.occurrences(s) if v == "in"])
+            for s in sorted(inner_spaces)
+        ]
+        in_bundle = {n for bd in self.bundles for n, _ in bd.xs + bd.ys}
+        self.plain = [n for n in spec.axes if n not in in_bundle]
+        self.residual = [s for s, r in spec.roles.items() if r == "residual"]
+        self.units = [s for s, g in spec.spaces.items()
+                      if g.kind == "permutation" and s not in self.residual]
+        for s in spec.spaces:
+            if spec.spaces[s].kind == "block_invertible" and s not in inner_spaces:
+                raise GlmcError(f"space {s}: a free invertible space is not supported")
+
+    # -- objective --------------------------------------------------------------------------
+    def bundle_gram(self, bd: Bundle, sa: StateDict, sb: StateDict) -> torch.Tensor:
+        """(H, H) circuit inner products ⟨X_aᵢᵀ Y_aᵢ, X_bⱼᵀ Y_bⱼ⟩ between heads i of a, j of b."""
+        k = self.spec.spaces[bd.space].block
+        xa, xb = _stack(sa, bd.xs), _stack(sb, bd.xs)
+        ya, yb = _stack(sa, bd.ys), _stack(sb, bd.ys)
+        h = xa.shape[0] // k
+        gx = torch.einsum("iac,jbc->ijab", xa.view(h, k, -1), xb.view(h, k, -1))
+        gy = torch.einsum("iac,jbc->ijab", ya.view(h, k, -1), yb.view(h, k, -1))
+        return (gx * gy).sum((2, 3))
+
+    def terms(self, bt: StateDict, names: set[str] | None = None) -> dict[str, float]:
+        """Objective terms of the transformed B ``bt`` (plain tensors and bundles)."""
+        out = {}
+        for n in self.plain:
+            if names is None or n in names:
+                out[n] = float((self.A[n] * bt[n]).sum())
+        for bd in self.bundles:
+            key = f"<{bd.space}>"
+            if names is None or key in names:
+                out[key] = float(self.bundle_gram(bd, self.A, bt).diagonal().sum())
+        return out
+
+    def norm(self) -> float:
+        sq = {}
+        for who, s in (("a", self.A), ("b", self.B)):
+            total = sum(float(s[n].pow(2).sum()) for n in self.plain)
+            total += sum(float(self.bundle_gram(bd, s, s).diagonal().sum())
+                         for bd in self.bundles)
+            sq[who] = total
+        return (sq["a"] * sq["b"]) ** 0.5
+
+    def term_names(self, space: str) -> set[str]:
+        """The objective terms that ``space`` (or the inner spaces nested in it) touches."""
+        names = set()
+        for s in [space, *self.inner_of.get(space, [])]:
+            for n, _, _ in self.spec.occurrences(s):
+                names.add(n)
+        keys = {n for n in names if n in self.plain}
+        keys |= {f"<{bd.space}>" for bd in self.bundles if {n for n, _ in bd.xs} & names}
+        return keys
+
+    def apply(self, elements: dict[str, Element], exclude: set[str],
+              names: list[str] | None = None) -> StateDict:
+        """B with every element applied except those of the spaces in ``exclude``."""
+        use = {k: e for k, e in elements.items() if k not in exclude}
+        return {n: apply_axes(self.B[n], self.spec.axes[n], use)
+                for n in (names if names is not None else self.spec.axes)}
+
+
+# -- the units ------------------------------------------------------------------------------
+
+
+def _cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> torch.Tensor:
+    """M = Σ over (tensor, axis) of ``space``: A_axis-first · B̃_axis-firstᵀ.
+
+    ``bt`` holds B with every space but ``space`` applied. Where the space acts on a tensor
+    twice (a circuit-form attention weight) the term is quadratic: it is linearised at the
+    current element, applied on the other axis.
+    """
+    m = None
+    counts: dict[str, int] = defaultdict(int)
+    for n, _, _ in prob.spec.occurrences(space):
+        counts[n] += 1
+    for n, axis, _ in prob.spec.occurrences(space):
+        b = bt[n]
+        if counts[n] > 1:
+            b = apply_axes(b, prob.spec.axes[n], {space: el[space]}, skip={(axis, space)})
+        c = _axis_first(prob.A[n], axis) @ _axis_first(b, axis).T
+        m = c if m is None else m + c
+    return m
+
+
+def _solve_permutation(prob: Problem, space: str, el: dict[str, Element], bt: StateDict):
+    m = _cross(prob, space, el, bt)
+    cur = el[space]
+    perm = assignment(m, cur.perm if isinstance(cur, Permutation) else None)
+    new = Permutation(perm, prob.spec.spaces[space].block)
+    gain = float(m[torch.arange(m.shape[0]), perm].sum())
+    return {space: new}, gain
+
+
+def _solve_heads(prob: Problem, space: str, el: dict[str, Element], bt: StateDict):
+    """Assign heads by circuit similarity, then align each matched head's inner bases."""
+    group = prob.spec.spaces[space]
+    k = group.block
+    bundles = [bd for bd in prob.bundles if bd.space in prob.inner_of[space]]
+    cost = sum(prob.bundle_gram(bd, prob.A, bt) for bd in bundles)
+    cur = el[space]
+    sigma = assignment(cost, cur.perm if isinstance(cur, Permutation) else None)
+    out: dict[str, Element] = {space: Permutation(sigma, k)}
+    for bd in bundles:
+        group_in = prob.spec.spaces[bd.space]
+        xa, ya = _stack(prob.A, bd.xs), _stack(prob.A, bd.ys)
+        xb, yb = _stack(bt, bd.xs), _stack(bt, bd.ys)
+        h = xa.shape[0] // k
+        blocks = torch.empty(h, k, k, dtype=xa.dtype)
+        for i in range(h):
+            j = int(sigma[i])
+            rows_a, rows_b = slice(i * k, (i + 1) * k), slice(j * k, (j + 1) * k)
+            blocks[j] = align_inner(xa[rows_a], ya[rows_a], xb[rows_b], yb[rows_b],
+                                    invertible=group_in.kind == "block_invertible")
+        out[bd.space] = _block(blocks)
+    gain = float(cost[torch.arange(cost.shape[0]), sigma].sum())
+    return out, gain
+
+
+def _block(blocks: torch.Tensor) -> Element:
+    return BlockMatrix(blocks, orthogonal=False)
+
+
+def _solve_residual(prob: Problem, space: str, el: dict[str, Element], bt: StateDict):
+    m = _cross(prob, space, el, bt)
+    if prob.opts.residual == "permutation":
+        cur = el[space]
+        perm = assignment(m, cur.perm if isinstance(cur, Permutation) else None)
+        return {space: Permutation(perm)}
+    return {space: Matrix(procrustes(m, prob.opts.fix_ones), orthogonal=True)}
+
+
+def _spectral_init(prob: Problem, space: str) -> Element:
+    """Residual map from invariants: T·G_B·Tᵀ = G_A for the Gram matrices of every tensor
+    whose other axes carry only permutation/orthogonal spaces; the eigenvector signs come
+    from the tensors that only the residual space touches."""
+    spec = prob.spec
+    ga = gb = m_ro = None
+    for n, axis, _ in spec.occurrences(space):
+        others = spec.spaces_of(n) - {space}
+        if any(spec.spaces[s].kind == "block_invertible" for s in others):
+            continue
+        a, b = _axis_first(prob.A[n], axis), _axis_first(prob.B[n], axis)
+        ga = a @ a.T if ga is None else ga + a @ a.T
+        gb = b @ b.T if gb is None else gb + b @ b.T
+        if not others:
+            m_ro = a @ b.T if m_ro is None else m_ro + a @ b.T
+    d = prob.spec.spaces[space].size
+    if ga is None:
+        return Matrix(torch.eye(d), True)
+    q = (ones_complement_basis(d) if prob.opts.fix_ones else torch.eye(d, dtype=torch.float64))
+    ga, gb = q.T @ ga.double() @ q, q.T @ gb.double() @ q
+    _, ua = torch.linalg.eigh(ga)
+    _, ub = torch.linalg.eigh(gb)
+    if m_ro is not None:
+        signs = torch.sign(torch.diagonal(ua.T @ (q.T @ m_ro.double() @ q) @ ub))
+        signs[signs == 0] = 1
+    else:
+        signs = torch.ones(ua.shape[1], dtype=torch.float64)
+    t = q @ (ua * signs) @ ub.T @ q.T
+    if prob.opts.fix_ones:
+        t = t + torch.full((d, d), 1.0 / d, dtype=torch.float64)
+    if prob.opts.residual == "permutation":
+        return Permutation(assignment(t))
+    return Matrix(t.to(prob.A[next(iter(prob.A))].dtype), True)
+
+
+# -- the loop -------------------------------------------------------------------------------
+
+
+def unapply_axes(x: torch.Tensor, tags: tuple, elements: dict[str, Element]) -> torch.Tensor:
+    """Undo ``apply_axes(x, tags, elements)`` (inverses, in reverse order)."""
+    for axis, tag in enumerate(tags):
+        for space, variance in reversed(tag or ()):
+            if space in elements:
+                x = elements[space].inverse().apply(x, axis, variance)
+    return x
+
+
+def weight_matching(
+    a: CanonicalModel,
+    b: CanonicalModel,
+    opts: WeightMatchingOptions | None = None,
+    progress=None,
+) -> MatchResult:
+    """Align B to A: returns the transform π with π(B) ≈ A and the objective's trace.
+
+    progress: optional callable(iteration, normalised objective) called after each iteration.
+    """
+    opts = opts or WeightMatchingOptions()
+    check_pair(a, b)
+    if opts.residual not in ("orthogonal", "permutation", "none"):
+        raise GlmcError(f"unknown residual mode {opts.residual!r}")
+    if opts.fix_ones is None:
+        opts = replace(opts, fix_ones=a.uncentred_writer() is None and b.uncentred_writer() is None)
+    prob = Problem(a, b, opts)
+    spec = prob.spec
+    el: dict[str, Element] = {s: g.identity(a.dtype) for s, g in spec.spaces.items()}
+    residual = [] if opts.residual == "none" else prob.residual
+    for s in residual:
+        if opts.residual == "permutation":
+            el[s] = Permutation(torch.arange(spec.spaces[s].size))
+        if opts.init == "spectral":
+            el[s] = _spectral_init(prob, s)
+    bt_all = prob.apply(el, set())  # B with every current element applied
+    terms = prob.terms(bt_all)
+    objective = init_objective = sum(terms.values())
+    norm = prob.norm()
+    trace: list[dict] = []
+    converged = False
+    inner_spaces = {i for i, _ in _nested_pairs(spec)}
+    units = [u for u in prob.units if u not in inner_spaces]
+    for it in range(opts.max_iter):
+        times: dict[str, float] = defaultdict(float)
+        start = objective
+        # 1) every non-residual unit, given the others (in canonical models they only meet
+        #    the residual space, so the order among them does not matter).
+        for unit in units:
+            t0 = time.perf_counter()
+            mine = {unit, *prob.inner_of.get(unit, [])}
+            names = sorted({n for s in mine for n, _, _ in spec.occurrences(s)})
+            own = {k: el[k] for k in mine}
+            bt = {n: unapply_axes(bt_all[n], spec.axes[n], own) for n in names}
+            solve = _solve_heads if prob.inner_of.get(unit) else _solve_permutation
+            new, _ = solve(prob, unit, el, bt)
+            moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
+            new_terms = prob.terms(moved, prob.term_names(unit))
+            if sum(new_terms.values()) >= sum(terms[k] for k in new_terms) - 1e-12 * abs(start):
+                el.update(new)
+                terms.update(new_terms)
+                bt_all.update(moved)
+            times[spec.roles.get(unit, "permutation")] += time.perf_counter() - t0
+        # 2) the residual map, given all the others.
+        for s in residual:
+            t0 = time.perf_counter()
+            others = {n: unapply_axes(bt_all[n], spec.axes[n], {s: el[s]}) for n in spec.axes}
+            new = _solve_residual(prob, s, el, others)
+            moved = {n: apply_axes(others[n], spec.axes[n], new) for n in spec.axes}
+            new_terms = prob.terms(moved)
+            if sum(new_terms.values()) >= sum(terms.values()) - 1e-12 * abs(start):
+                el.update(new)
+                terms, bt_all = new_terms, moved
+            times["residual"] += time.perf_counter() - t0
+        objective = sum(terms.values())
+        trace.append({"iteration": it + 1, "objective": objective,
+                      "normalized": objective / norm if norm else 0.0,
+                      "seconds": {k: round(v, 4) for k, v in times.items()}})
+        if progress is not None:
+            progress(it + 1, objective / norm if norm else 0.0)
+        if objective - start <= opts.tol * abs(start):
+            converged = True
+            break
+    return MatchResult(Transform(el), trace, converged, init_objective, norm)

@@ -1,0 +1,94 @@
+"""The importer interface and registry."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from glmc.errors import GlmcError
+from glmc.models.canonical import CanonicalConfig
+from glmc.models.model import CanonicalModel
+
+StateDict = dict[str, torch.Tensor]
+
+
+class NotRepresentable(Exception):
+    """The canonical model has no exact equivalent in the stock architecture."""
+
+
+class Importer:
+    """Converts one stock architecture (a transformers class) to and from canonical form.
+
+    Subclasses set ``model_types`` (transformers' ``config.model_type`` values) and implement
+    ``stock_model``, ``to_canonical`` and ``to_stock``.
+    """
+
+    name: ClassVar[str]
+    model_types: ClassVar[tuple[str, ...]]
+
+    def config_class(self) -> type:
+        raise NotImplementedError
+
+    def stock_model(self, hf_config: Any) -> nn.Module:
+        """An untrained stock model built from ``hf_config`` (no download)."""
+        raise NotImplementedError
+
+    def normalize_keys(self, state: StateDict) -> StateDict:
+        """Map a checkpoint's keys onto the stock model's (e.g. add a missing prefix)."""
+        return state
+
+    def to_canonical(self, hf_config: Any, state: StateDict) -> CanonicalModel:
+        raise NotImplementedError
+
+    def to_stock(self, model: CanonicalModel) -> tuple[Any, StateDict]:
+        """(hf_config, stock state dict); raises NotRepresentable."""
+        raise NotImplementedError
+
+    def stock_logits(self, stock: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+IMPORTERS: dict[str, Importer] = {}
+
+
+def register(cls: type[Importer]) -> type[Importer]:
+    inst = cls()
+    for t in cls.model_types:
+        IMPORTERS[t] = inst
+    return cls
+
+
+def importer_for(model_type: str, where: str = "") -> Importer:
+    if model_type not in IMPORTERS:
+        supported = ", ".join(sorted(IMPORTERS))
+        raise GlmcError(
+            f"{where}: unsupported architecture {model_type!r} (supported: {supported})"
+        )
+    return IMPORTERS[model_type]
+
+
+def require_stock_form(model: CanonicalModel, source: str, tol: float = 1e-5) -> None:
+    """Raise NotRepresentable unless ``model`` is a LayerNorm model in disguise.
+
+    That holds when the attention is in head form and every residual writer is mean-zero
+    (the residual map fixed the all-ones direction), so LayerNorm(γ=1, β=0) = RMSNorm.
+    """
+    cfg = model.config
+    if cfg.source.get("arch") != source:
+        raise NotRepresentable(f"model came from {cfg.source.get('arch')!r}, not {source!r}")
+    if cfg.attention != "heads":
+        raise NotRepresentable("attention is in circuit form (head dim = d_model)")
+    bad = model.uncentred_writer(tol)
+    if bad is not None:
+        raise NotRepresentable(
+            f"residual writer {bad[0]} is not mean-zero (relative mean {bad[1]:.2e}): the "
+            "residual map does not fix the all-ones direction"
+        )
+
+
+def base_config(hf_config: Any, task: str, **fields: Any) -> CanonicalConfig:
+    """A canonical config recording the stock config for export."""
+    return CanonicalConfig(task=task, source={"arch": hf_config.model_type,
+                                              "config": hf_config.to_dict()}, **fields)

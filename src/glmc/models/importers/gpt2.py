@@ -1,0 +1,126 @@
+"""GPT-2 (transformers' GPT2LMHeadModel) <-> canonical.
+
+Stock layout: Conv1D weights are (in, out); ``c_attn`` fuses q, k, v along its output;
+``lm_head`` may be tied to ``wte``; ``ln_f``'s bias has no reader bias to fold into, so it
+becomes the canonical ``norm_f.bias`` (β/γ in residual coordinates).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from glmc.errors import GlmcError
+from glmc.models.importers.base import (
+    Importer,
+    NotRepresentable,
+    StateDict,
+    base_config,
+    register,
+    require_stock_form,
+)
+from glmc.models.model import CanonicalModel
+from glmc.models.rewrite import centre, fold_norm
+
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers of old files
+
+
+@register
+class GPT2Importer(Importer):
+    name = "gpt2"
+    model_types = ("gpt2",)
+
+    def config_class(self) -> type:
+        return GPT2Config
+
+    def stock_model(self, hf_config: Any) -> GPT2LMHeadModel:
+        hf_config._attn_implementation = "sdpa"  # exact in float64, unlike eager's float32 softmax
+        return GPT2LMHeadModel(hf_config).eval()
+
+    def normalize_keys(self, state: StateDict) -> StateDict:
+        out = {}
+        for k, v in state.items():
+            if k.endswith(_IGNORED_SUFFIXES):
+                continue
+            if not k.startswith(("transformer.", "lm_head.")):
+                k = "transformer." + k  # a GPT2Model checkpoint
+            out[k] = v
+        return out
+
+    def to_canonical(self, hf_config: Any, state: StateDict) -> CanonicalModel:
+        c = hf_config
+        if c.scale_attn_by_inverse_layer_idx:
+            raise GlmcError("GPT-2 with scale_attn_by_inverse_layer_idx=True is not supported")
+        d, h = c.n_embd, c.n_head
+        t = "transformer"
+        s = {k: v for k, v in state.items()}
+        out: StateDict = {
+            "embed.tok": centre(s[f"{t}.wte.weight"], 1),
+            "embed.pos": centre(s[f"{t}.wpe.weight"], 1),
+        }
+        for i in range(c.n_layer):
+            p, a, m = f"{t}.h.{i}", f"blocks.{i}.attn", f"blocks.{i}.mlp"
+            w, b = fold_norm(s[f"{p}.attn.c_attn.weight"].T, s[f"{p}.attn.c_attn.bias"],
+                             s[f"{p}.ln_1.weight"], s[f"{p}.ln_1.bias"])
+            w = centre(w, 1)  # readers only ever see mean-zero inputs
+            for j, name in enumerate("qkv"):
+                out[f"{a}.{name}.weight"] = w[j * d:(j + 1) * d].contiguous()
+                out[f"{a}.{name}.bias"] = b[j * d:(j + 1) * d].contiguous()
+            out[f"{a}.o.weight"] = centre(s[f"{p}.attn.c_proj.weight"].T, 0).contiguous()
+            out[f"{a}.o.bias"] = centre(s[f"{p}.attn.c_proj.bias"], 0)
+            w, b = fold_norm(s[f"{p}.mlp.c_fc.weight"].T, s[f"{p}.mlp.c_fc.bias"],
+                             s[f"{p}.ln_2.weight"], s[f"{p}.ln_2.bias"])
+            out[f"{m}.fc.weight"] = centre(w, 1).contiguous()
+            out[f"{m}.fc.bias"] = b
+            out[f"{m}.proj.weight"] = centre(s[f"{p}.mlp.c_proj.weight"].T, 0).contiguous()
+            out[f"{m}.proj.bias"] = centre(s[f"{p}.mlp.c_proj.bias"], 0)
+        head = s.get("lm_head.weight", s[f"{t}.wte.weight"])
+        gamma, beta = s[f"{t}.ln_f.weight"], s[f"{t}.ln_f.bias"]
+        out["head.weight"] = head * gamma[None, :]
+        norm_f_bias = bool((gamma != 0).all())
+        if norm_f_bias:  # keep β as a residual vector so the model stays a stock GPT-2
+            out["norm_f.bias"] = beta / gamma
+        else:  # γ has zeros: β's effect can only live in the logits
+            out["head.bias"] = head @ beta
+        cfg = base_config(
+            c, "causal_lm", d_model=d, n_layer=c.n_layer, n_head=h, head_dim=d // h,
+            d_mlp=c.n_inner or 4 * d, activation=c.activation_function,
+            norm_eps=c.layer_norm_epsilon,
+            attn_scale=1.0 / math.sqrt(d // h) if c.scale_attn_weights else 1.0,
+            vocab_size=c.vocab_size, n_positions=c.n_positions,
+            norm_f_bias=norm_f_bias, head_bias=not norm_f_bias,
+        )
+        return CanonicalModel(cfg, out)
+
+    def to_stock(self, model: CanonicalModel) -> tuple[GPT2Config, StateDict]:
+        require_stock_form(model, "gpt2")
+        cfg, s = model.config, model.state
+        if cfg.head_bias:
+            raise NotRepresentable("GPT-2's lm_head has no bias (the final norm had γ = 0)")
+        hf = GPT2Config.from_dict({**cfg.source["config"], "tie_word_embeddings": False})
+        d, t = cfg.d_model, "transformer"
+        ones, zeros = torch.ones(d, dtype=model.dtype), torch.zeros(d, dtype=model.dtype)
+        out: StateDict = {f"{t}.wte.weight": s["embed.tok"], f"{t}.wpe.weight": s["embed.pos"]}
+        for i in range(cfg.n_layer):
+            p, a, m = f"{t}.h.{i}", f"blocks.{i}.attn", f"blocks.{i}.mlp"
+            out[f"{p}.ln_1.weight"], out[f"{p}.ln_1.bias"] = ones, zeros
+            out[f"{p}.ln_2.weight"], out[f"{p}.ln_2.bias"] = ones, zeros
+            qkv = torch.cat([s[f"{a}.{n}.weight"] for n in "qkv"], 0)
+            out[f"{p}.attn.c_attn.weight"] = qkv.T.contiguous()
+            out[f"{p}.attn.c_attn.bias"] = torch.cat([s[f"{a}.{n}.bias"] for n in "qkv"])
+            out[f"{p}.attn.c_proj.weight"] = s[f"{a}.o.weight"].T.contiguous()
+            out[f"{p}.attn.c_proj.bias"] = s[f"{a}.o.bias"]
+            out[f"{p}.mlp.c_fc.weight"] = s[f"{m}.fc.weight"].T.contiguous()
+            out[f"{p}.mlp.c_fc.bias"] = s[f"{m}.fc.bias"]
+            out[f"{p}.mlp.c_proj.weight"] = s[f"{m}.proj.weight"].T.contiguous()
+            out[f"{p}.mlp.c_proj.bias"] = s[f"{m}.proj.bias"]
+        out[f"{t}.ln_f.weight"] = ones
+        out[f"{t}.ln_f.bias"] = s["norm_f.bias"] if cfg.norm_f_bias else zeros
+        out["lm_head.weight"] = s["head.weight"]
+        return hf, {k: v.clone() for k, v in out.items()}
+
+    def stock_logits(self, stock: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return stock(input_ids=x).logits

@@ -1,0 +1,108 @@
+"""ViT (transformers' ViTForImageClassification) <-> canonical.
+
+Stock layout (transformers 5): ``vit.embeddings.{cls_token, position_embeddings,
+patch_embeddings.projection}``, ``vit.layers.N.attention.{q,k,v,o}_proj``,
+``vit.layers.N.{layernorm_before, layernorm_after}``, ``vit.layers.N.mlp.{fc1, fc2}``,
+``vit.layernorm`` and ``classifier`` reading the class token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import ViTConfig, ViTForImageClassification
+
+from glmc.errors import GlmcError
+from glmc.models.importers.base import (
+    Importer,
+    NotRepresentable,
+    StateDict,
+    base_config,
+    register,
+    require_stock_form,
+)
+from glmc.models.model import CanonicalModel
+from glmc.models.rewrite import centre, fold_norm
+
+
+@register
+class ViTImporter(Importer):
+    name = "vit"
+    model_types = ("vit",)
+
+    def config_class(self) -> type:
+        return ViTConfig
+
+    def stock_model(self, hf_config: Any) -> ViTForImageClassification:
+        hf_config._attn_implementation = "sdpa"
+        return ViTForImageClassification(hf_config).eval()
+
+    def to_canonical(self, hf_config: Any, state: StateDict) -> CanonicalModel:
+        c, s = hf_config, state
+        if c.num_labels <= 0:
+            raise GlmcError("ViT without a classifier (num_labels = 0) is not supported")
+        d, h = c.hidden_size, c.num_attention_heads
+        e = "vit.embeddings"
+        out: StateDict = {
+            "embed.patch.weight": centre(s[f"{e}.patch_embeddings.projection.weight"], 0),
+            "embed.patch.bias": centre(s[f"{e}.patch_embeddings.projection.bias"], 0),
+            "embed.cls": centre(s[f"{e}.cls_token"].reshape(d), 0),
+            "embed.pos": centre(s[f"{e}.position_embeddings"][0], 1),
+        }
+        for i in range(c.num_hidden_layers):
+            p, a, m = f"vit.layers.{i}", f"blocks.{i}.attn", f"blocks.{i}.mlp"
+            g1, b1 = s[f"{p}.layernorm_before.weight"], s[f"{p}.layernorm_before.bias"]
+            for n in "qkv":
+                w, b = fold_norm(s[f"{p}.attention.{n}_proj.weight"],
+                                 s.get(f"{p}.attention.{n}_proj.bias"), g1, b1)
+                out[f"{a}.{n}.weight"], out[f"{a}.{n}.bias"] = centre(w, 1), b
+            out[f"{a}.o.weight"] = centre(s[f"{p}.attention.o_proj.weight"], 0)
+            out[f"{a}.o.bias"] = centre(s[f"{p}.attention.o_proj.bias"], 0)
+            w, b = fold_norm(s[f"{p}.mlp.fc1.weight"], s[f"{p}.mlp.fc1.bias"],
+                             s[f"{p}.layernorm_after.weight"], s[f"{p}.layernorm_after.bias"])
+            out[f"{m}.fc.weight"], out[f"{m}.fc.bias"] = centre(w, 1), b
+            out[f"{m}.proj.weight"] = centre(s[f"{p}.mlp.fc2.weight"], 0)
+            out[f"{m}.proj.bias"] = centre(s[f"{p}.mlp.fc2.bias"], 0)
+        w, b = fold_norm(s["classifier.weight"], s["classifier.bias"],
+                         s["vit.layernorm.weight"], s["vit.layernorm.bias"])
+        out["head.weight"], out["head.bias"] = centre(w, 1), b
+        cfg = base_config(
+            c, "image_classifier", d_model=d, n_layer=c.num_hidden_layers, n_head=h,
+            head_dim=d // h, d_mlp=c.intermediate_size, activation=c.hidden_act,
+            norm_eps=c.layer_norm_eps, image_size=c.image_size, patch_size=c.patch_size,
+            num_channels=c.num_channels, num_labels=c.num_labels, head_bias=True,
+        )
+        return CanonicalModel(cfg, {k: v.contiguous() for k, v in out.items()})
+
+    def to_stock(self, model: CanonicalModel) -> tuple[ViTConfig, StateDict]:
+        require_stock_form(model, "vit")
+        cfg, s = model.config, model.state
+        if cfg.norm_f_bias:
+            raise NotRepresentable("ViT's final norm bias has no stock equivalent")
+        hf = ViTConfig.from_dict({**cfg.source["config"], "qkv_bias": True})
+        d, e = cfg.d_model, "vit.embeddings"
+        ones, zeros = torch.ones(d, dtype=model.dtype), torch.zeros(d, dtype=model.dtype)
+        out: StateDict = {
+            f"{e}.patch_embeddings.projection.weight": s["embed.patch.weight"],
+            f"{e}.patch_embeddings.projection.bias": s["embed.patch.bias"],
+            f"{e}.cls_token": s["embed.cls"].reshape(1, 1, d),
+            f"{e}.position_embeddings": s["embed.pos"][None],
+        }
+        for i in range(cfg.n_layer):
+            p, a, m = f"vit.layers.{i}", f"blocks.{i}.attn", f"blocks.{i}.mlp"
+            for ln in ("layernorm_before", "layernorm_after"):
+                out[f"{p}.{ln}.weight"], out[f"{p}.{ln}.bias"] = ones, zeros
+            for n in "qkvo":
+                out[f"{p}.attention.{n}_proj.weight"] = s[f"{a}.{n}.weight"]
+                out[f"{p}.attention.{n}_proj.bias"] = s[f"{a}.{n}.bias"]
+            out[f"{p}.mlp.fc1.weight"], out[f"{p}.mlp.fc1.bias"] = (
+                s[f"{m}.fc.weight"], s[f"{m}.fc.bias"])
+            out[f"{p}.mlp.fc2.weight"], out[f"{p}.mlp.fc2.bias"] = (
+                s[f"{m}.proj.weight"], s[f"{m}.proj.bias"])
+        out["vit.layernorm.weight"], out["vit.layernorm.bias"] = ones, zeros
+        out["classifier.weight"], out["classifier.bias"] = s["head.weight"], s["head.bias"]
+        return hf, {k: v.clone().contiguous() for k, v in out.items()}
+
+    def stock_logits(self, stock: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return stock(pixel_values=x).logits

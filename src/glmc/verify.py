@@ -1,0 +1,82 @@
+"""Certificates of function preservation: max |Δ logits| on random inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from glmc.errors import GlmcError
+from glmc.io.folders import LoadedModel
+from glmc.models.canonical import CanonicalConfig
+from glmc.models.model import CanonicalModel
+
+Logits = Callable[[torch.Tensor], torch.Tensor]
+
+
+def random_inputs(cfg: CanonicalConfig, n: int = 4, seq: int = 32, seed: int = 0,
+                  dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Token ids (n, min(seq, context)) or images (n, C, H, W) drawn with ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    if cfg.task == "causal_lm":
+        return torch.randint(0, cfg.vocab_size, (n, min(seq, cfg.n_positions)), generator=g)
+    shape = (n, cfg.num_channels, cfg.image_size, cfg.image_size)
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+
+
+def canonical_logits(model: CanonicalModel, dtype: torch.dtype = torch.float64) -> Logits:
+    module = model.module(dtype)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return module(x if not x.is_floating_point() else x.to(dtype))
+
+    return run
+
+
+def folder_logits(m: LoadedModel, dtype: torch.dtype = torch.float64) -> Logits:
+    """Logits of a loaded folder computed by its own class (the stock one for HF folders)."""
+    if m.importer is None:
+        return canonical_logits(m.canonical, dtype)
+    module, importer = m.stock_module(dtype), m.importer
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return importer.stock_logits(module, x if not x.is_floating_point() else x.to(dtype))
+
+    return run
+
+
+@dataclass
+class Certificate:
+    max_abs_diff: float
+    scale: float  # max |logits| of the reference
+    tol: float
+
+    @property
+    def equal(self) -> bool:
+        return self.max_abs_diff <= self.tol
+
+    def to_json(self) -> dict:
+        return {"max_abs_diff": self.max_abs_diff, "equal": self.equal, "tol": self.tol,
+                "logit_scale": self.scale}
+
+
+def certify(reference: Logits, other: Logits, x: torch.Tensor, tol: float | None = None,
+            rel_tol: float = 1e-4) -> Certificate:
+    """Compare two logit functions on ``x``; tol defaults to rel_tol · max(1, max|logits|)."""
+    a, b = reference(x), other(x)
+    scale = float(a.abs().max())
+    diff = float((a - b).abs().max())
+    if tol is None:
+        tol = rel_tol * max(1.0, scale)
+    return Certificate(diff, scale, tol)
+
+
+def same_interface(a: CanonicalConfig, b: CanonicalConfig, where: str) -> None:
+    """Raise unless models a and b take the same inputs and give logits of the same shape."""
+    keys = ("task", "vocab_size", "n_positions", "image_size", "num_channels", "num_labels")
+    for k in keys:
+        if getattr(a, k) != getattr(b, k):
+            raise GlmcError(f"{where}: models differ in {k} ({getattr(a, k)} vs {getattr(b, k)})")
