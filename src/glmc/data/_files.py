@@ -38,18 +38,6 @@ def package_file(package: str, relative: str, install_hint: str) -> Path:
     return path
 
 
-def existing_path(path: str | Path, what: str) -> Path:
-    """Return ``path`` (with ``~`` expanded) if it exists.
-
-    Raises:
-        GlmcError: nothing exists there; the message names the path and ``what`` was expected.
-    """
-    resolved = Path(path).expanduser()
-    if not resolved.exists():
-        raise GlmcError(f"{what} not found: {resolved}")
-    return resolved
-
-
 def read_bytes(path: Path) -> bytes:
     """Read a whole file, turning OS errors into a one-line GlmcError naming the file."""
     try:

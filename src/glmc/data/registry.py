@@ -8,7 +8,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Union
 
-from glmc.data._files import existing_path
 from glmc.data.csv_images import load_digits, load_mnist5k
 from glmc.data.idx import load_fashion_mnist, load_idx_folder
 from glmc.data.images import ImageDataset
@@ -16,22 +15,21 @@ from glmc.data.npz import load_npz
 from glmc.data.shakespeare import shakespeare_text
 from glmc.data.text import TextDataset, text_dataset
 from glmc.data.text_file import load_text_file
-from glmc.data.tokenizers import TOKENIZER_KINDS, make_tokenizer
+from glmc.data.tokenizers import TOKENIZER_KINDS, Tokenizer
 from glmc.errors import GlmcError
 
 Dataset = Union[TextDataset, ImageDataset]  # noqa: UP007 - a runtime alias, also for 3.10
 
 
-def _shakespeare(seed: int, context: int | None, tokenizer: str) -> TextDataset:
+def _shakespeare(seed: int, context: int | None, tokenizer: str | Tokenizer) -> TextDataset:
     del seed  # the split is contiguous, hence the same for every seed
-    text = shakespeare_text()
-    return text_dataset("shakespeare", text, make_tokenizer(tokenizer, text), context)
+    return text_dataset("shakespeare", shakespeare_text(), tokenizer, context)
 
 
 @dataclass(frozen=True)
 class _Entry:
     description: str
-    load: Callable[[int, int | None, str], Dataset]
+    load: Callable[[int, int | None, str | Tokenizer], Dataset]
     is_text: bool = False
 
 
@@ -70,17 +68,23 @@ PATH_HELP = (
 
 
 def load_dataset(
-    name_or_path: str, *, seed: int = 0, context: int | None = None, tokenizer: str = "char"
+    name_or_path: str,
+    *,
+    seed: int = 0,
+    context: int | None = None,
+    tokenizer: str | Tokenizer = "char",
 ) -> Dataset:
     """Load a named dataset (see :data:`DATASETS`) or a dataset file.
 
     Args:
-        name_or_path: a name from :data:`DATASETS`, or the path of a text file, an ``.npz``
-            archive, or a folder of IDX files.
+        name_or_path: a name from :data:`DATASETS` (case-insensitive; names win over files of
+            the same name, so write ``./digits`` for such a file), or the path of a text file,
+            an ``.npz`` archive, or a folder of IDX files.
         seed: chooses the shuffled splits of image datasets (text splits are contiguous).
         context: for text, the default window length, checked to fit every split.
             Ignored for images.
-        tokenizer: ``"char"`` or ``"gpt2"``; text only.
+        tokenizer: ``"char"`` or ``"gpt2"``, or a tokenizer object (the one saved beside a
+            model, so that text is encoded as the model was trained); text only.
 
     Returns:
         a :class:`TextDataset` or an :class:`ImageDataset`; the same arguments give the same data.
@@ -88,7 +92,7 @@ def load_dataset(
     Raises:
         GlmcError: unknown name, missing or malformed file, missing optional package.
     """
-    if tokenizer not in TOKENIZER_KINDS:
+    if isinstance(tokenizer, str) and tokenizer not in TOKENIZER_KINDS:
         raise GlmcError(
             f"unknown tokenizer '{tokenizer}': choose one of {', '.join(TOKENIZER_KINDS)}"
         )
@@ -110,15 +114,16 @@ def load_dataset(
 
 def _resolve(name_or_path: str) -> Path:
     """The existing path ``name_or_path``, or a GlmcError listing the dataset names."""
-    if Path(name_or_path).expanduser().exists():
-        return existing_path(name_or_path, "dataset")
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return path
     raise GlmcError(
         f"no dataset named '{name_or_path}' and no such file (names: {', '.join(_ENTRIES)}; "
         f"or give {PATH_HELP})"
     )
 
 
-def _check_tokenizer(name: str, tokenizer: str, is_text: bool) -> None:
+def _check_tokenizer(name: str, tokenizer: str | Tokenizer, is_text: bool) -> None:
     """Reject a non-default tokenizer for image data."""
-    if not is_text and tokenizer != "char":
+    if not is_text and tokenizer != "char" and isinstance(tokenizer, str):
         raise GlmcError(f"tokenizer '{tokenizer}' applies to text, but '{name}' holds images")

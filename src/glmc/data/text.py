@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from glmc.data.splits import SPLITS, check_split, contiguous_sizes
-from glmc.data.tokenizers import Tokenizer
+from glmc.data.tokenizers import Tokenizer, make_tokenizer
 from glmc.errors import GlmcError
 
 
@@ -99,19 +99,26 @@ class TextDataset:
 
 
 def text_dataset(
-    name: str, text: str, tokenizer: Tokenizer, context: int | None = None
+    name: str, text: str, tokenizer: str | Tokenizer = "char", context: int | None = None
 ) -> TextDataset:
     """Tokenise ``text`` and cut the ids contiguously 90/5/5 into train/val/test.
+
+    Args:
+        name: dataset name or source path, also used in error messages.
+        text: the whole corpus.
+        tokenizer: ``"char"`` (vocabulary = sorted characters of ``text``) or ``"gpt2"``.
+        context: default window length; every split must hold at least ``context + 1`` tokens.
 
     Raises:
         GlmcError: the text is empty, or a split is too short for ``context``.
     """
     if not text:
         raise GlmcError(f"{name} is empty")
-    ids = tokenizer.encode(text)
+    tokens = make_tokenizer(tokenizer, text)
+    ids = tokens.encode(text)
     n_train, n_val, _ = contiguous_sizes(ids.numel())
     train, val, test = ids[:n_train], ids[n_train : n_train + n_val], ids[n_train + n_val :]
-    dataset = TextDataset(name, train, val, test, tokenizer, context)
+    dataset = TextDataset(name, train, val, test, tokens, context)
     for split in SPLITS:
         dataset._window(split, context if context is not None else 1)
     return dataset

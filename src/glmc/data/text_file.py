@@ -6,11 +6,13 @@ from pathlib import Path
 
 from glmc.data._files import read_bytes
 from glmc.data.text import TextDataset, text_dataset
-from glmc.data.tokenizers import make_tokenizer
+from glmc.data.tokenizers import Tokenizer
 from glmc.errors import GlmcError
 
 
-def load_text_file(path: Path, tokenizer: str = "char", context: int | None = None) -> TextDataset:
+def load_text_file(
+    path: Path, tokenizer: str | Tokenizer = "char", context: int | None = None
+) -> TextDataset:
     """Read ``path`` as UTF-8, tokenise it, and cut it contiguously 90/5/5.
 
     With ``tokenizer="char"`` the vocabulary is the sorted set of the file's characters.
@@ -24,4 +26,4 @@ def load_text_file(path: Path, tokenizer: str = "char", context: int | None = No
         raise GlmcError(
             f"{path} is not UTF-8 text (byte {error.start}); use .npz for image data"
         ) from error
-    return text_dataset(str(path), text, make_tokenizer(tokenizer, text), context)
+    return text_dataset(str(path), text, tokenizer, context)

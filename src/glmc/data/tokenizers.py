@@ -137,8 +137,13 @@ class Gpt2Tokenizer:
         return json.dumps({"type": "gpt2", "encoding": "r50k_base"})
 
 
-def make_tokenizer(kind: str, text: str) -> Tokenizer:
-    """Build the tokenizer named ``kind`` (``"char"`` or ``"gpt2"``) for a corpus ``text``."""
+def make_tokenizer(kind: str | Tokenizer, text: str) -> Tokenizer:
+    """Build the tokenizer named ``kind`` (``"char"`` or ``"gpt2"``) for a corpus ``text``.
+
+    A tokenizer object (e.g. the one saved beside a model) is used as it is.
+    """
+    if not isinstance(kind, str):
+        return kind
     if kind == "char":
         return CharTokenizer.from_text(text)
     if kind == "gpt2":
@@ -155,10 +160,10 @@ def tokenizer_from_json(text: str, source: str = "tokenizer JSON") -> Tokenizer:
         kind = data["type"]
         if kind == "char":
             return CharTokenizer(str(data["chars"]))
-        if kind == "gpt2":
-            return make_tokenizer("gpt2", "")
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, GlmcError) as error:
         raise GlmcError(f"{source} is not a valid glmc tokenizer file ({error})") from error
+    if kind == "gpt2":
+        return make_tokenizer("gpt2", "")
     raise GlmcError(f"{source} has unknown tokenizer type {kind!r}")
 
 

@@ -31,7 +31,7 @@ def assignment(m: torch.Tensor, current: torch.Tensor | None = None) -> torch.Te
 
 def polar(m: torch.Tensor) -> torch.Tensor:
     """The orthogonal U·Vᵀ maximising ⟨T, m⟩ (orthogonal Procrustes)."""
-    u, _, vh = torch.linalg.svd(m.double())
+    u, _, vh = torch.linalg.svd(m.double())  # batched over leading axes
     return (u @ vh).to(m.dtype)
 
 
@@ -49,24 +49,26 @@ def procrustes(m: torch.Tensor, fix_ones: bool) -> torch.Tensor:
 
 
 def _sym_sqrt(g: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Symmetric (inverse) square root of PSD matrices (..., k, k)."""
     w, v = torch.linalg.eigh(g)
-    w = w.clamp_min(w.max() * 1e-12 + 1e-300)
+    w = w.clamp_min(w.amax(-1, keepdim=True) * 1e-12 + 1e-300)
     p = -0.5 if inverse else 0.5
-    return (v * w**p) @ v.mT
+    return (v * w[..., None, :] ** p) @ v.mT
 
 
 def balancing_map(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """N such that N·x and N⁻ᵀ·y have equal Gram matrices (a balanced factorisation).
 
-    x, y: (k, ·) factors of the circuit xᵀ·y, which N leaves unchanged. Balanced factors of
-    a full-rank circuit are unique up to an orthogonal map, so after balancing two heads only
-    an orthogonal Procrustes remains. N = P^{1/2} with P Gx P = Gy (geometric mean).
+    x, y: (..., k, ·) factors of the circuit xᵀ·y, which N leaves unchanged. Balanced
+    factors of a full-rank circuit are unique up to an orthogonal map, so after balancing two
+    heads only an orthogonal Procrustes remains. N = P^{1/2} with P·Gx·P = Gy.
     """
-    k = x.shape[0]
+    k = x.shape[-2]
     gx, gy = x @ x.mT, y @ y.mT
-    ridge = 1e-12 * (gx.trace() + gy.trace()) / k + 1e-300
+    tr = (gx.diagonal(dim1=-2, dim2=-1).sum(-1) + gy.diagonal(dim1=-2, dim2=-1).sum(-1))
     eye = torch.eye(k, dtype=x.dtype)
-    gx, gy = gx + ridge * eye, gy + ridge * eye
+    ridge = (1e-12 * tr / k + 1e-300)[..., None, None] * eye
+    gx, gy = gx + ridge, gy + ridge
     gx_h, gx_ih = _sym_sqrt(gx), _sym_sqrt(gx, inverse=True)
     p = gx_ih @ _sym_sqrt(gx_h @ gy @ gx_h) @ gx_ih
     return _sym_sqrt((p + p.mT) / 2)
@@ -75,10 +77,11 @@ def balancing_map(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def align_inner(
     xa: torch.Tensor, ya: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, invertible: bool
 ) -> torch.Tensor:
-    """M (k, k) with M·xb ≈ xa and M⁻ᵀ·yb ≈ ya: the inner basis of head b aligned to head a.
+    """M (..., k, k) with M·xb ≈ xa and M⁻ᵀ·yb ≈ ya: head b's inner basis aligned to head a.
 
-    ``invertible``: M in GL(k) (balance both heads, then Procrustes); else M orthogonal.
-    Exact when head b is head a under any invertible inner map and its circuit has rank k.
+    Batched over leading axes (one head pair each). ``invertible``: M in GL(k) (balance both
+    heads, then Procrustes); else M orthogonal. Exact when head b is head a under any
+    invertible inner map and its circuit has rank k.
     """
     x_a, y_a, x_b, y_b = (t.double() for t in (xa, ya, xb, yb))
     if not invertible:

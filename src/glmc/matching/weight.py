@@ -152,33 +152,38 @@ class Problem:
                 raise GlmcError(f"space {s}: a free invertible space is not supported")
 
     # -- objective --------------------------------------------------------------------------
-    def bundle_gram(self, bd: Bundle, sa: StateDict, sb: StateDict) -> torch.Tensor:
-        """(H, H) circuit inner products ⟨X_aᵢᵀ Y_aᵢ, X_bⱼᵀ Y_bⱼ⟩ between heads i of a, j of b."""
+    def bundle_gram(self, bd: Bundle, sa: StateDict, sb: StateDict,
+                    diagonal: bool = False) -> torch.Tensor:
+        """(H, H) circuit inner products ⟨X_aᵢᵀ Y_aᵢ, X_bⱼᵀ Y_bⱼ⟩ between heads i of a, j of b
+        (only i = j, shape (H,), with ``diagonal``): tr(X_aᵢ X_bⱼᵀ · (Y_aᵢ Y_bⱼᵀ)ᵀ)."""
         k = self.spec.spaces[bd.space].block
         xa, xb = _stack(sa, bd.xs), _stack(sb, bd.xs)
         ya, yb = _stack(sa, bd.ys), _stack(sb, bd.ys)
         h = xa.shape[0] // k
-        gx = torch.einsum("iac,jbc->ijab", xa.view(h, k, -1), xb.view(h, k, -1))
-        gy = torch.einsum("iac,jbc->ijab", ya.view(h, k, -1), yb.view(h, k, -1))
-        return (gx * gy).sum((2, 3))
+        xa, xb, ya, yb = (t.view(h, k, -1) for t in (xa, xb, ya, yb))
+        if diagonal:
+            return ((xa @ xb.mT) * (ya @ yb.mT)).sum((1, 2))
+        gx = (xa.reshape(h * k, -1) @ xb.reshape(h * k, -1).T).view(h, k, h, k)
+        gy = (ya.reshape(h * k, -1) @ yb.reshape(h * k, -1).T).view(h, k, h, k)
+        return (gx * gy).sum((1, 3))
 
     def terms(self, bt: StateDict, names: set[str] | None = None) -> dict[str, float]:
         """Objective terms of the transformed B ``bt`` (plain tensors and bundles)."""
         out = {}
         for n in self.plain:
-            if names is None or n in names:
+            if n in bt and (names is None or n in names):
                 out[n] = float((self.A[n] * bt[n]).sum())
         for bd in self.bundles:
             key = f"<{bd.space}>"
-            if names is None or key in names:
-                out[key] = float(self.bundle_gram(bd, self.A, bt).diagonal().sum())
+            if bd.xs[0][0] in bt and (names is None or key in names):
+                out[key] = float(self.bundle_gram(bd, self.A, bt, diagonal=True).sum())
         return out
 
     def norm(self) -> float:
         sq = {}
         for who, s in (("a", self.A), ("b", self.B)):
             total = sum(float(s[n].pow(2).sum()) for n in self.plain)
-            total += sum(float(self.bundle_gram(bd, s, s).diagonal().sum())
+            total += sum(float(self.bundle_gram(bd, s, s, diagonal=True).sum())
                          for bd in self.bundles)
             sq[who] = total
         return (sq["a"] * sq["b"]) ** 0.5
@@ -205,6 +210,11 @@ class Problem:
 
 
 def _cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> torch.Tensor:
+    """See ``_cross_sum``; tensors missing from ``bt`` are skipped."""
+    return _cross_sum(prob, space, el, bt)
+
+
+def _cross_sum(prob: Problem, space: str, el: dict[str, Element], bt: StateDict):
     """M = Σ over (tensor, axis) of ``space``: A_axis-first · B̃_axis-firstᵀ.
 
     ``bt`` holds B with every space but ``space`` applied. Where the space acts on a tensor
@@ -216,10 +226,12 @@ def _cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> 
     for n, _, _ in prob.spec.occurrences(space):
         counts[n] += 1
     for n, axis, _ in prob.spec.occurrences(space):
+        if n not in bt:
+            continue
         b = bt[n]
         if counts[n] > 1:
             b = apply_axes(b, prob.spec.axes[n], {space: el[space]}, skip={(axis, space)})
-        c = _axis_first(prob.A[n], axis) @ _axis_first(b, axis).T
+        c = (_axis_first(prob.A[n], axis) @ _axis_first(b, axis).T).double()
         m = c if m is None else m + c
     return m
 
@@ -247,12 +259,11 @@ def _solve_heads(prob: Problem, space: str, el: dict[str, Element], bt: StateDic
         xa, ya = _stack(prob.A, bd.xs), _stack(prob.A, bd.ys)
         xb, yb = _stack(bt, bd.xs), _stack(bt, bd.ys)
         h = xa.shape[0] // k
-        blocks = torch.empty(h, k, k, dtype=xa.dtype)
-        for i in range(h):
-            j = int(sigma[i])
-            rows_a, rows_b = slice(i * k, (i + 1) * k), slice(j * k, (j + 1) * k)
-            blocks[j] = align_inner(xa[rows_a], ya[rows_a], xb[rows_b], yb[rows_b],
-                                    invertible=group_in.kind == "block_invertible")
+        xa, ya, xb, yb = (t.view(h, k, -1) for t in (xa, ya, xb, yb))
+        # Block j of the inner map aligns B's head j to the head of A it is assigned to.
+        inv_sigma = torch.argsort(sigma)
+        blocks = align_inner(xa[inv_sigma], ya[inv_sigma], xb, yb,
+                             invertible=group_in.kind == "block_invertible")
         out[bd.space] = _block(blocks)
     gain = float(cost[torch.arange(cost.shape[0]), sigma].sum())
     return out, gain
@@ -262,8 +273,9 @@ def _block(blocks: torch.Tensor) -> Element:
     return BlockMatrix(blocks, orthogonal=False)
 
 
-def _solve_residual(prob: Problem, space: str, el: dict[str, Element], bt: StateDict):
-    m = _cross(prob, space, el, bt)
+def _solve_residual(prob: Problem, space: str, el: dict[str, Element], bt: StateDict,
+                    const: torch.Tensor):
+    m = _cross(prob, space, el, bt).double() + const
     if prob.opts.residual == "permutation":
         cur = el[space]
         perm = assignment(m, cur.perm if isinstance(cur, Permutation) else None)
@@ -306,6 +318,15 @@ def _spectral_init(prob: Problem, space: str) -> Element:
     return Matrix(t.to(prob.A[next(iter(prob.A))].dtype), True)
 
 
+def _solo_cross(prob: Problem, space: str, names: list[str]) -> torch.Tensor:
+    d = prob.spec.spaces[space].size
+    m = torch.zeros(d, d, dtype=torch.float64)  # computed once: worth full precision
+    for n, axis, _ in prob.spec.occurrences(space):
+        if n in names:
+            m += _axis_first(prob.A[n], axis).double() @ _axis_first(prob.B[n], axis).double().T
+    return m
+
+
 # -- the loop -------------------------------------------------------------------------------
 
 
@@ -343,8 +364,19 @@ def weight_matching(
             el[s] = Permutation(torch.arange(spec.spaces[s].size))
         if opts.init == "spectral":
             el[s] = _spectral_init(prob, s)
-    bt_all = prob.apply(el, set())  # B with every current element applied
+    # Tensors only the residual space touches (embedding tables, the head, biases) enter
+    # through one constant cross-correlation: their term is ⟨T, A·Bᵀ⟩, never re-applied.
+    solo = {s: [n for n, _, _ in spec.occurrences(s) if spec.spaces_of(n) == {s}]
+            for s in residual}
+    const = {s: _solo_cross(prob, s, solo[s]) for s in residual}
+    skip = {n for names in solo.values() for n in names}
+    bt_all = prob.apply(el, set(), [n for n in spec.axes if n not in skip])
     terms = prob.terms(bt_all)
+    for s in residual:
+        terms[f"<solo:{s}>"] = float((el[s].matrix(const[s].dtype) * const[s]).sum())
+    for n in prob.plain:  # residual=none: the solo tensors are plain terms of their own
+        if n not in bt_all and n not in skip:
+            terms[n] = float((prob.A[n] * prob.B[n]).sum())
     objective = init_objective = sum(terms.values())
     norm = prob.norm()
     trace: list[dict] = []
@@ -374,10 +406,11 @@ def weight_matching(
         # 2) the residual map, given all the others.
         for s in residual:
             t0 = time.perf_counter()
-            others = {n: unapply_axes(bt_all[n], spec.axes[n], {s: el[s]}) for n in spec.axes}
-            new = _solve_residual(prob, s, el, others)
-            moved = {n: apply_axes(others[n], spec.axes[n], new) for n in spec.axes}
+            others = {n: unapply_axes(x, spec.axes[n], {s: el[s]}) for n, x in bt_all.items()}
+            new = _solve_residual(prob, s, el, others, const[s])
+            moved = {n: apply_axes(x, spec.axes[n], new) for n, x in others.items()}
             new_terms = prob.terms(moved)
+            new_terms[f"<solo:{s}>"] = float((new[s].matrix(const[s].dtype) * const[s]).sum())
             if sum(new_terms.values()) >= sum(terms.values()) - 1e-12 * abs(start):
                 el.update(new)
                 terms, bt_all = new_terms, moved

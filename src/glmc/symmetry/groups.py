@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 import torch
@@ -168,6 +169,10 @@ class BlockMatrix(Element):
     def _acting(self, variance: Variance) -> torch.Tensor:
         if variance == "out" or self.orthogonal:
             return self.blocks
+        return self._inverse_transpose
+
+    @cached_property
+    def _inverse_transpose(self) -> torch.Tensor:
         return torch.linalg.inv(self.blocks.double()).mT.to(self.blocks.dtype)
 
     def apply(self, x: torch.Tensor, axis: int, variance: Variance) -> torch.Tensor:
@@ -181,8 +186,7 @@ class BlockMatrix(Element):
     def inverse(self) -> BlockMatrix:
         if self.orthogonal:
             return BlockMatrix(self.blocks.mT.contiguous(), True)
-        inv = torch.linalg.inv(self.blocks.double()).to(self.blocks.dtype)
-        return BlockMatrix(inv, False)
+        return BlockMatrix(self._inverse_transpose.mT.contiguous(), False)
 
     def compose(self, other: Element) -> Element:
         if isinstance(other, BlockMatrix) and other.blocks.shape == self.blocks.shape:

@@ -1,0 +1,106 @@
+"""Weight-matching benchmark: time per iteration and in total, split by space kind, peak RSS.
+
+Each size runs in its own process (so peak RSS is that size's own) on a pair of independently
+initialised GPT-2 models of the given shape, in float32, on the CPU.
+
+    python benchmarks/weight_matching.py                      # paper, d384, gpt2-small
+    python benchmarks/weight_matching.py --sizes gpt2-medium  # one size
+    python benchmarks/weight_matching.py --out benchmarks/results/weight_matching.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SIZES = {
+    # name: (n_layer, n_embd, n_head, n_inner, vocab, context)
+    "paper": (6, 256, 4, 1024, 65, 256),  # GPT-2 of the paper (Tiny Shakespeare, char-level)
+    "d384": (6, 384, 6, 1536, 65, 256),
+    "gpt2-small": (12, 768, 12, 3072, 50257, 1024),
+    "gpt2-medium": (24, 1024, 16, 4096, 50257, 1024),
+}
+
+
+def run_one(name: str, iters: int, tol: float, residual: str) -> dict:
+    import torch
+    from transformers import GPT2Config
+
+    from glmc.matching.weight import WeightMatchingOptions, weight_matching
+    from glmc.models.importers import IMPORTERS
+
+    torch.set_num_threads(int(os.environ.get("GLMC_THREADS", os.cpu_count() or 1)))
+    n_layer, d, h, f, vocab, ctx = SIZES[name]
+    cfg = GPT2Config(n_layer=n_layer, n_embd=d, n_head=h, n_inner=f, vocab_size=vocab,
+                     n_positions=ctx, bos_token_id=None, eos_token_id=None)
+    imp = IMPORTERS["gpt2"]
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        stock = imp.stock_model(cfg)
+        models.append(imp.to_canonical(cfg, dict(stock.state_dict())))
+        del stock
+    a, b = models
+    t0 = time.perf_counter()
+    result = weight_matching(a, b, WeightMatchingOptions(max_iter=iters, tol=tol,
+                                                         residual=residual))
+    total = time.perf_counter() - t0
+    kinds: dict[str, float] = {}
+    for row in result.trace:
+        for k, v in row["seconds"].items():
+            kinds[k] = kinds.get(k, 0.0) + v
+    n_it = len(result.trace)
+    return {
+        "size": name, "params": a.n_params(), "iterations": n_it, "converged": result.converged,
+        "total_s": round(total, 2), "per_iteration_s": round(sum(kinds.values()) / n_it, 3),
+        "setup_s": round(total - sum(kinds.values()), 2),
+        "by_kind_s": {k: round(v, 2) for k, v in kinds.items()},
+        "objective_init": round(result.init_objective / result.norm, 6),
+        "objective_final": round(result.trace[-1]["normalized"], 6),
+        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", nargs="+", default=["paper", "d384", "gpt2-small"],
+                   choices=sorted(SIZES))
+    p.add_argument("--iters", type=int, default=15)
+    p.add_argument("--tol", type=float, default=1e-5)
+    p.add_argument("--residual", default="orthogonal")
+    p.add_argument("--out", default="benchmarks/results/weight_matching.json")
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args.one, args.iters, args.tol, args.residual)))
+        return
+    rows = []
+    for name in args.sizes:
+        cmd = [sys.executable, __file__, "--one", name, "--iters", str(args.iters),
+               "--tol", str(args.tol), "--residual", args.residual]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        r = rows[-1]
+        print(f"{r['size']:<12} {r['params'] / 1e6:7.1f}M  it={r['iterations']:<2} "
+              f"total={r['total_s']:7.2f}s  per-it={r['per_iteration_s']:6.2f}s  "
+              f"rss={r['peak_rss_gb']:5.2f}GB  obj {r['objective_init']:.4f}->"
+              f"{r['objective_final']:.4f}  {r['by_kind_s']}", flush=True)
+    machine = {"platform": platform.platform(), "processor": platform.processor(),
+               "cpus": os.cpu_count(), "python": platform.python_version()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"machine": machine, "options": vars(args),
+                                          "results": rows}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

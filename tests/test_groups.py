@@ -1,0 +1,295 @@
+"""Group elements against dense matrix algebra, random group elements, and Transform's
+algebra (save/load, inverse, composition) on real canonical specs with nested head spaces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from glmc.errors import GlmcError
+from glmc.models.circuit import to_circuit
+from glmc.symmetry.groups import (
+    BlockMatrix,
+    Element,
+    Group,
+    Matrix,
+    Permutation,
+    element_from_tensors,
+    element_meta,
+    embed_fixing_ones,
+    ones_complement_basis,
+)
+from glmc.symmetry.spec import SymmetrySpec, inp, out
+from glmc.symmetry.transform import Transform
+
+F64 = torch.float64
+TIGHT = {"rtol": 1e-10, "atol": 1e-10}
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def random_invertible(n: int, g: torch.Generator) -> torch.Tensor:
+    """A well-conditioned non-orthogonal matrix."""
+    return torch.eye(n, dtype=F64) * 2 + 0.5 * torch.randn(n, n, generator=g, dtype=F64) / n**0.5
+
+
+def random_orthogonal(n: int, g: torch.Generator) -> torch.Tensor:
+    q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=F64))
+    return q
+
+
+@st.composite
+def elements(draw) -> Element:
+    """A random element of any kind: block permutation, orthogonal / general Matrix,
+    orthogonal / general BlockMatrix."""
+    kind = draw(st.sampled_from(["permutation", "matrix", "block_matrix"]))
+    orthogonal = draw(st.booleans())
+    g = gen(draw(st.integers(0, 2**31 - 1)))
+    if kind == "permutation":
+        n, block = draw(st.integers(1, 8)), draw(st.integers(1, 3))
+        return Permutation(torch.randperm(n, generator=g), block)
+    if kind == "matrix":
+        n = draw(st.integers(1, 12))
+        m = random_orthogonal(n, g) if orthogonal else random_invertible(n, g)
+        return Matrix(m, orthogonal=orthogonal)
+    n, block = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    maker = random_orthogonal if orthogonal else random_invertible
+    return BlockMatrix(torch.stack([maker(block, g) for _ in range(n)]), orthogonal=orthogonal)
+
+
+def acting(e: Element, variance: str) -> torch.Tensor:
+    """The dense map that ``apply`` must use: T on an output side, T^{-T} on an input side."""
+    t = e.matrix(F64)
+    return t if variance == "out" else torch.linalg.inv(t).T
+
+
+# -- elements against dense matrices ------------------------------------------------------
+
+
+@settings(max_examples=60)
+@given(e=elements(), variance=st.sampled_from(["out", "in"]), seed=st.integers(0, 1000),
+       lead=st.integers(1, 3), trail=st.integers(1, 3))
+def test_apply_is_dense_matrix_product_on_any_axis(e, variance, seed, lead, trail):
+    n = e.size
+    x = torch.randn(lead, n, trail, generator=gen(seed), dtype=F64)
+    expected = torch.einsum("ij,ajb->aib", acting(e, variance), x)
+    torch.testing.assert_close(e.apply(x, 1, variance), expected, **TIGHT)
+    # The same on the first axis (the layout of an output side).
+    x0 = x[0]
+    torch.testing.assert_close(e.apply(x0, 0, variance), acting(e, variance) @ x0, **TIGHT)
+
+
+def test_input_side_applies_inverse_transpose():
+    """W <- W T^{-1} on the input side of a Linear weight, for a non-orthogonal T."""
+    g = gen(3)
+    t = random_invertible(5, g)
+    w = torch.randn(7, 5, generator=g, dtype=F64)
+    e = Matrix(t, orthogonal=False)
+    torch.testing.assert_close(e.apply(w, 1, "in"), w @ torch.linalg.inv(t), **TIGHT)
+    torch.testing.assert_close(e.apply(w, 1, "out"), w @ t.T, **TIGHT)
+    # The QK pairing is kept: (T q)·(T^{-T} k) = q·k.
+    q, k = torch.randn(5, generator=g, dtype=F64), torch.randn(5, generator=g, dtype=F64)
+    assert float(e.apply(q, 0, "out") @ e.apply(k, 0, "in")) == pytest.approx(float(q @ k))
+
+
+@settings(max_examples=60)
+@given(e=elements())
+def test_inverse_is_matrix_inverse(e):
+    eye = torch.eye(e.size, dtype=F64)
+    torch.testing.assert_close(e.inverse().matrix(F64), torch.linalg.inv(e.matrix(F64)), **TIGHT)
+    torch.testing.assert_close(e.inverse().matrix(F64) @ e.matrix(F64), eye, **TIGHT)
+
+
+@settings(max_examples=60)
+@given(data=st.data(), e=elements(), seed=st.integers(0, 1000))
+def test_compose_is_matrix_product(data, e, seed):
+    """self ∘ other: other first, T = T_self · T_other, also across element kinds."""
+    other = data.draw(elements().filter(lambda o: o.size == e.size))
+    c = e.compose(other)
+    torch.testing.assert_close(c.matrix(F64), e.matrix(F64) @ other.matrix(F64), **TIGHT)
+    x = torch.randn(e.size, 2, generator=gen(seed), dtype=F64)
+    for variance in ("out", "in"):
+        expected = e.apply(other.apply(x, 0, variance), 0, variance)
+        torch.testing.assert_close(c.apply(x, 0, variance), expected, **TIGHT)
+
+
+def test_block_permutation_moves_whole_blocks():
+    p = Permutation(torch.tensor([2, 0, 1]), block=2)
+    assert p.size == 6
+    assert p.index().tolist() == [4, 5, 0, 1, 2, 3]
+    dense = torch.kron(torch.eye(3, dtype=F64)[[2, 0, 1]], torch.eye(2, dtype=F64))
+    torch.testing.assert_close(p.matrix(F64), dense)
+    assert not p.is_identity() and p.compose(p.inverse()).is_identity()
+
+
+@settings(max_examples=30)
+@given(e=elements())
+def test_element_tensors_round_trip(e):
+    back = element_from_tensors(e.kind, e.tensors(), element_meta(e))
+    assert type(back) is type(e)
+    torch.testing.assert_close(back.matrix(F64), e.matrix(F64), rtol=0, atol=0)
+    x = torch.randn(e.size, 3, dtype=F64)
+    torch.testing.assert_close(back.apply(x, 0, "in"), e.apply(x, 0, "in"), rtol=0, atol=0)
+
+
+# -- groups ---------------------------------------------------------------------------------
+
+
+def is_permutation_matrix(t: torch.Tensor) -> bool:
+    return bool(((t == 0) | (t == 1)).all() and (t.sum(0) == 1).all() and (t.sum(1) == 1).all())
+
+
+@settings(max_examples=25)
+@given(n=st.integers(3, 24), seed=st.integers(0, 2**31 - 1))
+def test_random_orthogonal_fixing_ones(n, seed):
+    o = Group("orthogonal", n).random(gen(seed), subgroup="fix_ones").matrix(F64)
+    ones = torch.ones(n, dtype=F64)
+    torch.testing.assert_close(o @ o.T, torch.eye(n, dtype=F64), **TIGHT)
+    torch.testing.assert_close(o @ ones, ones, **TIGHT)
+    torch.testing.assert_close(o.T @ ones, ones, **TIGHT)
+    assert not torch.allclose(o, torch.eye(n, dtype=F64))  # not trivially the identity
+
+
+@settings(max_examples=25)
+@given(n=st.integers(2, 24), seed=st.integers(0, 2**31 - 1))
+def test_random_orthogonal_does_not_fix_ones_by_default(n, seed):
+    o = Group("orthogonal", n).random(gen(seed)).matrix(F64)
+    torch.testing.assert_close(o @ o.T, torch.eye(n, dtype=F64), **TIGHT)
+    ones = torch.ones(n, dtype=F64)
+    assert float((o @ ones - ones).norm()) > 1e-6
+
+
+def test_ones_complement_basis_is_orthonormal_and_orthogonal_to_ones():
+    for n in (1, 2, 7):
+        q = ones_complement_basis(n)
+        assert q.shape == (n, n - 1)
+        torch.testing.assert_close(q.T @ q, torch.eye(n - 1, dtype=F64), **TIGHT)
+        torch.testing.assert_close(q.T @ torch.ones(n, dtype=F64), torch.zeros(n - 1, dtype=F64),
+                                   **TIGHT)
+    small = random_orthogonal(4, gen(0))
+    big = embed_fixing_ones(small)
+    torch.testing.assert_close(big @ big.T, torch.eye(5, dtype=F64), **TIGHT)
+
+
+@pytest.mark.parametrize(("group", "subgroup"), [
+    (Group("permutation", 6), None),
+    (Group("permutation", 12, block=3), None),
+    (Group("orthogonal", 6), None),
+    (Group("orthogonal", 6), "permutation"),
+    (Group("block_invertible", 12, block=3), None),
+    (Group("block_invertible", 12, block=3), "orthogonal"),
+])
+def test_random_elements_lie_in_their_group(group, subgroup):
+    e = group.random(gen(7), subgroup=subgroup)
+    t = e.matrix(F64)
+    assert e.size == group.size and t.shape == (group.size, group.size)
+    eye = torch.eye(group.size, dtype=F64)
+    orthogonal = group.kind != "block_invertible" or subgroup == "orthogonal"
+    if orthogonal:
+        torch.testing.assert_close(t @ t.T, eye, **TIGHT)
+    else:
+        assert not torch.allclose(t @ t.T, eye, atol=1e-3)
+    if group.kind == "permutation" or subgroup == "permutation":
+        assert isinstance(e, Permutation) and is_permutation_matrix(t)
+    if group.kind == "block_invertible":
+        mask = torch.block_diag(*[torch.ones(group.block, group.block)] * group.n_blocks)
+        assert bool((t[mask == 0] == 0).all())
+        assert bool((torch.linalg.svdvals(t) > 0.5).all())  # well conditioned
+    ident = group.identity(F64).matrix(F64)
+    torch.testing.assert_close(ident, eye)
+
+
+# -- Transform on canonical specs -----------------------------------------------------------
+
+
+@pytest.fixture(params=["gpt2-heads", "vit-heads", "gpt2-circuit"])
+def spec_and_state(request, h):
+    arch, attention = request.param.split("-")
+    model = h.make_tiny(arch, n_layer=2, d=12, n_head=3).canonical()
+    if attention == "circuit":
+        model = to_circuit(model)
+    return model.spec, model.state
+
+
+def assert_states_close(a, b, **tol):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], msg=k, **(tol or TIGHT))
+
+
+def test_spec_of_head_form_nests_inner_maps_inside_head_permutations(h):
+    spec = h.make_tiny("gpt2", n_layer=1, d=12, n_head=3).canonical().spec
+    assert spec.axes["blocks.0.attn.q.weight"][0] == out("qk.0", "heads.0")
+    assert spec.axes["blocks.0.attn.k.weight"][0] == inp("qk.0", "heads.0")
+    assert spec.axes["blocks.0.attn.o.weight"] == (out("res"), inp("ov.0", "heads.0"))
+    assert spec.spaces["heads.0"] == Group("permutation", 12, block=4)
+    assert spec.spaces["qk.0"] == Group("block_invertible", 12, block=4)
+    assert spec.roles["res"] == "residual"
+
+
+def test_transform_compose_and_inverse_are_group_operations(spec_and_state):
+    spec, state = spec_and_state
+    t = Transform.random(spec, gen(1))
+    u = Transform.random(spec, gen(2))
+    tu = t.compose(u, spec)
+    assert_states_close(tu.apply(spec, state), t.apply(spec, u.apply(spec, state)))
+    assert_states_close(t.inverse(spec).apply(spec, t.apply(spec, state)), state)
+    assert_states_close(t.apply(spec, t.inverse(spec).apply(spec, state)), state)
+    assert_states_close(tu.inverse(spec).apply(spec, tu.apply(spec, state)), state)
+    # (T∘U)⁻¹ = U⁻¹∘T⁻¹
+    uiti = u.inverse(spec).compose(t.inverse(spec), spec)
+    assert_states_close(uiti.apply(spec, state), tu.inverse(spec).apply(spec, state))
+
+
+def test_transform_algebra_is_not_vacuous(spec_and_state):
+    """The random elements really move every tensor the spec tags."""
+    spec, state = spec_and_state
+    moved = Transform.random(spec, gen(1)).apply(spec, state)
+    for name, tags in spec.axes.items():
+        if any(tags):
+            assert not torch.allclose(moved[name], state[name]), name
+    assert_states_close(Transform.identity(spec).apply(spec, state), state, rtol=0, atol=0)
+
+
+def test_transform_save_load_round_trip(spec_and_state, tmp_path):
+    spec, state = spec_and_state
+    t = Transform.random(spec, gen(5), subgroups={"residual": "fix_ones"})
+    path = tmp_path / "sub" / "transform.safetensors"
+    t.save(path)
+    back = Transform.load(path)
+    assert back.elements.keys() == t.elements.keys()
+    for k, e in t.elements.items():
+        assert type(back.elements[k]) is type(e), k
+        assert element_meta(back.elements[k]) == element_meta(e)
+        torch.testing.assert_close(back.elements[k].matrix(F64), e.matrix(F64), rtol=0, atol=0)
+    assert_states_close(back.apply(spec, state), t.apply(spec, state), rtol=0, atol=0)
+    assert [p.name for p in path.parent.iterdir()] == ["transform.safetensors"]  # no temp left
+
+
+def test_transform_load_errors(tmp_path):
+    with pytest.raises(GlmcError, match="no such transform file"):
+        Transform.load(tmp_path / "missing.safetensors")
+    from safetensors.torch import save_file
+
+    plain = tmp_path / "plain.safetensors"
+    save_file({"x": torch.zeros(2)}, str(plain))
+    with pytest.raises(GlmcError, match="not a glmc transform"):
+        Transform.load(plain)
+
+
+def test_spec_validate_and_occurrences():
+    spec = SymmetrySpec(
+        spaces={"res": Group("orthogonal", 4), "mlp": Group("permutation", 6)},
+        axes={"fc.weight": (out("mlp"), inp("res")), "proj.weight": (out("res"), inp("mlp"))},
+    )
+    assert sorted(spec.occurrences("res")) == [("fc.weight", 1, "in"), ("proj.weight", 0, "out")]
+    spec.validate({"fc.weight": (6, 4), "proj.weight": (4, 6)})
+    with pytest.raises(ValueError, match="fc.weight axis 1 has size 5"):
+        spec.validate({"fc.weight": (6, 5), "proj.weight": (4, 6)})
+    with pytest.raises(ValueError, match="lacks"):
+        spec.validate({"fc.weight": (6, 4)})
+    assert spec.to_json()["axes"]["fc.weight"] == [[["mlp", "out"]], [["res", "in"]]]
