@@ -84,7 +84,6 @@ def align(
     max_iter: int = 15,
     tol: float = 1e-5,
     token_counts: torch.Tensor | None = None,
-    seed: int = 0,
     progress=None,
 ) -> Alignment:
     """Align B to A modulo the symmetries of their spec.
@@ -110,7 +109,7 @@ def align(
                             f"{a.config.vocab_size}")
         mask = token_counts > 0
         row_masks = {"embed.tok": (0, mask), "head.weight": (0, mask)}
-    opts = WeightMatchingOptions(residual=residual, max_iter=max_iter, tol=tol, seed=seed,
+    opts = WeightMatchingOptions(residual=residual, max_iter=max_iter, tol=tol,
                                  row_masks=row_masks)
     match = weight_matching(a, b, opts, progress=progress)
     return Alignment(a, b, b.transformed(match.transform), match.transform, match)

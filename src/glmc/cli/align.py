@@ -35,7 +35,6 @@ def add_alignment_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--token-counts", metavar="FILE",
                    help="token counts (.json list or {id: count}, .npy, or text): only "
                         "vocabulary rows of seen tokens count in the matching")
-    g.add_argument("--seed", type=int, default=0, help="random seed")
 
 
 def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel]:
@@ -58,7 +57,7 @@ def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel) -> A
                 status.update(f"weight matching: iteration {it}, objective {obj:.6f}")
 
         return align(a.canonical, b.canonical, residual=args.residual, heads=args.heads,
-                     max_iter=args.iters, tol=args.tol, token_counts=counts, seed=args.seed,
+                     max_iter=args.iters, tol=args.tol, token_counts=counts,
                      progress=progress)
 
 

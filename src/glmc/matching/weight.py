@@ -44,7 +44,6 @@ class WeightMatchingOptions:
     #: Keep the residual map fixing the all-ones direction (exportable to LayerNorm models);
     #: None: when both models are centred (every residual writer mean-zero).
     fix_ones: bool | None = None
-    seed: int = 0
     #: Per parameter: (axis, boolean mask) of the rows that count (e.g. tokens seen).
     row_masks: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)
 
@@ -131,7 +130,9 @@ class Problem:
                 m = mask.reshape(shape).to(sa.dtype)
                 sa, sb = sa * m, sb * m
             scale = w[name] ** 0.5
-            self.A[name], self.B[name] = sa * scale, sb * scale
+            if scale != 1.0:  # (no copy of the blocks: they keep weight 1)
+                sa, sb = sa * scale, sb * scale
+            self.A[name], self.B[name] = sa, sb
         nested = _nested_pairs(spec)
         self.inner_of: dict[str, list[str]] = defaultdict(list)
         for inner, outer in sorted(nested):
@@ -210,16 +211,11 @@ class Problem:
 
 
 def _cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> torch.Tensor:
-    """See ``_cross_sum``; tensors missing from ``bt`` are skipped."""
-    return _cross_sum(prob, space, el, bt)
-
-
-def _cross_sum(prob: Problem, space: str, el: dict[str, Element], bt: StateDict):
     """M = Σ over (tensor, axis) of ``space``: A_axis-first · B̃_axis-firstᵀ.
 
-    ``bt`` holds B with every space but ``space`` applied. Where the space acts on a tensor
-    twice (a circuit-form attention weight) the term is quadratic: it is linearised at the
-    current element, applied on the other axis.
+    ``bt`` holds B with every space but ``space`` applied (tensors it lacks are skipped).
+    Where the space acts on a tensor twice (a circuit-form attention weight) the term is
+    quadratic: it is linearised at the current element, applied on the other axis.
     """
     m = None
     counts: dict[str, int] = defaultdict(int)
@@ -236,13 +232,15 @@ def _cross_sum(prob: Problem, space: str, el: dict[str, Element], bt: StateDict)
     return m
 
 
-def _solve_permutation(prob: Problem, space: str, el: dict[str, Element], bt: StateDict):
-    m = _cross(prob, space, el, bt)
+def _current(el: dict[str, Element], space: str) -> torch.Tensor | None:
+    """The current permutation of ``space`` (a warm start for the assignment), if any."""
     cur = el[space]
-    perm = assignment(m, cur.perm if isinstance(cur, Permutation) else None)
-    new = Permutation(perm, prob.spec.spaces[space].block)
-    gain = float(m[torch.arange(m.shape[0]), perm].sum())
-    return {space: new}, gain
+    return cur.perm if isinstance(cur, Permutation) else None
+
+
+def _solve_permutation(prob: Problem, space: str, el: dict[str, Element], bt: StateDict):
+    perm = assignment(_cross(prob, space, el, bt), _current(el, space))
+    return {space: Permutation(perm, prob.spec.spaces[space].block)}
 
 
 def _solve_heads(prob: Problem, space: str, el: dict[str, Element], bt: StateDict):
@@ -251,8 +249,7 @@ def _solve_heads(prob: Problem, space: str, el: dict[str, Element], bt: StateDic
     k = group.block
     bundles = [bd for bd in prob.bundles if bd.space in prob.inner_of[space]]
     cost = sum(prob.bundle_gram(bd, prob.A, bt) for bd in bundles)
-    cur = el[space]
-    sigma = assignment(cost, cur.perm if isinstance(cur, Permutation) else None)
+    sigma = assignment(cost, _current(el, space))
     out: dict[str, Element] = {space: Permutation(sigma, k)}
     for bd in bundles:
         group_in = prob.spec.spaces[bd.space]
@@ -264,22 +261,15 @@ def _solve_heads(prob: Problem, space: str, el: dict[str, Element], bt: StateDic
         inv_sigma = torch.argsort(sigma)
         blocks = align_inner(xa[inv_sigma], ya[inv_sigma], xb, yb,
                              invertible=group_in.kind == "block_invertible")
-        out[bd.space] = _block(blocks)
-    gain = float(cost[torch.arange(cost.shape[0]), sigma].sum())
-    return out, gain
-
-
-def _block(blocks: torch.Tensor) -> Element:
-    return BlockMatrix(blocks, orthogonal=False)
+        out[bd.space] = BlockMatrix(blocks, orthogonal=group_in.kind != "block_invertible")
+    return out
 
 
 def _solve_residual(prob: Problem, space: str, el: dict[str, Element], bt: StateDict,
                     const: torch.Tensor):
     m = _cross(prob, space, el, bt).double() + const
     if prob.opts.residual == "permutation":
-        cur = el[space]
-        perm = assignment(m, cur.perm if isinstance(cur, Permutation) else None)
-        return {space: Permutation(perm)}
+        return {space: Permutation(assignment(m, _current(el, space)))}
     return {space: Matrix(procrustes(m, prob.opts.fix_ones), orthogonal=True)}
 
 
@@ -395,7 +385,7 @@ def weight_matching(
             own = {k: el[k] for k in mine}
             bt = {n: unapply_axes(bt_all[n], spec.axes[n], own) for n in names}
             solve = _solve_heads if prob.inner_of.get(unit) else _solve_permutation
-            new, _ = solve(prob, unit, el, bt)
+            new = solve(prob, unit, el, bt)
             moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
             new_terms = prob.terms(moved, prob.term_names(unit))
             if sum(new_terms.values()) >= sum(terms[k] for k in new_terms) - 1e-12 * abs(start):
