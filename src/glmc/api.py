@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +17,20 @@ import torch
 
 from glmc.errors import GlmcError
 from glmc.io.folders import LoadedModel, load_model
-from glmc.matching.weight import MatchResult, WeightMatchingOptions, weight_matching
+from glmc.matching.learned import LearnedMatchingOptions, LearnedResult, learned_matching
+from glmc.matching.weight import (
+    MatchResult,
+    WeightMatchingOptions,
+    centred_pair,
+    weight_matching,
+)
 from glmc.models.circuit import to_circuit
 from glmc.models.model import CanonicalModel
 from glmc.symmetry.transform import StateDict, Transform
 
 ModelLike = CanonicalModel | LoadedModel | str | Path
 
-METHODS = ("weight",)
+METHODS = ("weight", "learned")
 
 
 def load(path: str | Path, *, allow_pickle: bool = False) -> LoadedModel:
@@ -72,6 +78,7 @@ class Alignment:
     aligned: CanonicalModel
     transform: Transform
     match: MatchResult | None
+    learned: LearnedResult | None = None
 
 
 def align(
@@ -84,7 +91,10 @@ def align(
     max_iter: int = 15,
     tol: float = 1e-5,
     token_counts: torch.Tensor | None = None,
+    data=None,
+    learned: LearnedMatchingOptions | None = None,
     progress=None,
+    learned_progress=None,
 ) -> Alignment:
     """Align B to A modulo the symmetries of their spec.
 
@@ -92,6 +102,9 @@ def align(
     "circuit" rewrites both models with attention in circuit form first (exact; the result
     is no longer the stock architecture).
     token_counts: (vocab,) counts; vocabulary rows of unseen tokens do not count.
+    method "learned": weight matching, then learned matching on ``data`` (a glmc.data
+    dataset that fits the models) with options ``learned``; its residual group follows
+    ``residual`` (permutation: the paper's permutation-only ablation).
     """
     if method not in METHODS:
         raise GlmcError(f"unknown alignment method {method!r} (available: {', '.join(METHODS)})")
@@ -112,7 +125,14 @@ def align(
     opts = WeightMatchingOptions(residual=residual, max_iter=max_iter, tol=tol,
                                  row_masks=row_masks)
     match = weight_matching(a, b, opts, progress=progress)
-    return Alignment(a, b, b.transformed(match.transform), match.transform, match)
+    if method == "weight":
+        return Alignment(a, b, b.transformed(match.transform), match.transform, match)
+    if data is None:
+        raise GlmcError("learned matching needs training data (--data)")
+    options = replace(learned or LearnedMatchingOptions(), residual=residual)
+    result = learned_matching(a, b, data, match.transform, options,
+                              fix_ones=centred_pair(a, b), progress=learned_progress)
+    return Alignment(a, b, b.transformed(result.transform), result.transform, match, result)
 
 
 def interpolate(a: StateDict, b: StateDict, alpha: float) -> StateDict:

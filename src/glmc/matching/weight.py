@@ -317,6 +317,11 @@ def _solo_cross(prob: Problem, space: str, names: list[str]) -> torch.Tensor:
     return m
 
 
+def centred_pair(a: CanonicalModel, b: CanonicalModel) -> bool:
+    """Both streams stay in the ones-complement: residual maps should fix the ones direction."""
+    return a.uncentred_writer() is None and b.uncentred_writer() is None
+
+
 # -- the loop -------------------------------------------------------------------------------
 
 
@@ -344,7 +349,7 @@ def weight_matching(
     if opts.residual not in ("orthogonal", "permutation", "none"):
         raise GlmcError(f"unknown residual mode {opts.residual!r}")
     if opts.fix_ones is None:
-        opts = replace(opts, fix_ones=a.uncentred_writer() is None and b.uncentred_writer() is None)
+        opts = replace(opts, fix_ones=centred_pair(a, b))
     prob = Problem(a, b, opts)
     spec = prob.spec
     el: dict[str, Element] = {s: g.identity(a.dtype) for s, g in spec.spaces.items()}

@@ -1,0 +1,368 @@
+"""Evaluate canonical models, and the straight line between two of them, on a dataset split.
+
+The loss is the mean cross-entropy over the evaluated split: token-weighted for language
+models (every predicted token counts once), per image for classifiers, which also get the
+top-1 accuracy. :class:`Evaluator` builds **one** float32 module and swaps weights into it in
+place for every evaluation, so a sweep over λ never rebuilds the model::
+
+    ev = Evaluator(a.config, fixed_batches(ds, "test", context=256))
+    results = ev.evaluate_path(a.state, aligned_b.state, [0.0, 0.5, 1.0])
+
+Before any long work, :func:`load_eval_data` reads the data the way the model was trained
+(with the tokenizer saved beside the model) and :func:`check_data_fits` rejects data that the
+model cannot take (wrong task, vocabulary, image size, channel count or context), each with one
+clear :class:`~glmc.errors.GlmcError`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from glmc.data import (
+    Dataset,
+    TextDataset,
+    Tokenizer,
+    check_images_fit,
+    check_text_fits,
+    load_dataset,
+    load_tokenizer,
+)
+from glmc.data.splits import check_split
+from glmc.errors import GlmcError
+from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
+
+StateDict = dict[str, torch.Tensor]
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+#: Default cap on the tokens evaluated for a language model (the first windows of the split);
+#: Tiny Shakespeare's test split (55,770 characters) is evaluated whole.
+DEFAULT_TEXT_TOKENS = 65_536
+#: Default images per batch for classifiers.
+DEFAULT_IMAGE_BATCH = 250
+#: Default logits budget per text batch (batch x context x vocab floats).
+TEXT_LOGITS_BUDGET = 2**25
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Mean loss (and accuracy) of one model on the evaluated data.
+
+    Attributes:
+        loss: mean cross-entropy (nats) per target (token or image).
+        accuracy: top-1 accuracy in [0, 1] for classifiers, None for language models.
+        count: number of targets evaluated (tokens or images).
+    """
+
+    loss: float
+    accuracy: float | None
+    count: int
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"auto"``/None: CUDA when available, else CPU; otherwise ``torch.device(device)``."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise GlmcError(f"unknown device {device!r} ({e})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise GlmcError(f"device {device!r} requested but CUDA is not available")
+    return dev
+
+
+# -- data ---------------------------------------------------------------------------------
+
+
+def _folder_tokenizer(folders: Iterable[str | Path]) -> tuple[Tokenizer | None, Path | None]:
+    """The glmc tokenizer saved beside the models (they must agree), and where it was found."""
+    found: tuple[Tokenizer, Path] | None = None
+    for folder in folders:
+        tok = load_tokenizer(folder)
+        if tok is None:
+            continue
+        if found is not None and found[0].to_json() != tok.to_json():
+            raise GlmcError(f"{found[1]} and {folder} hold different tokenizers; the models "
+                            "were not trained on the same token ids")
+        found = found or (tok, Path(folder))
+    return found if found is not None else (None, None)
+
+
+_UNKNOWN_CHAR = re.compile(r"^(character .*) is not in the (\d+)-character vocabulary$")
+
+
+def load_eval_data(
+    data: str | Path | Dataset,
+    config: CanonicalConfig,
+    *,
+    folders: Sequence[str | Path] = (),
+    tokenizer: str | Tokenizer | None = None,
+    seed: int = 0,
+) -> Dataset:
+    """Load ``data`` (a dataset name or path, or a loaded dataset) for a model of ``config``.
+
+    Text is encoded with ``tokenizer`` when given, else with the ``glmc_tokenizer.json`` saved
+    in one of ``folders`` (the model folders), else with a character tokenizer built from the
+    text itself. A character the model's vocabulary lacks is one clear error naming the file.
+
+    Raises:
+        GlmcError: unreadable, empty or malformed data, or text the tokenizer cannot encode.
+    """
+    if not isinstance(data, (str, Path)):
+        return data
+    source = None
+    if tokenizer is None:
+        tokenizer, source = _folder_tokenizer(folders)
+    if config.task != "causal_lm":
+        tokenizer = None  # images: no tokenizer (and none is rejected for image data)
+    try:
+        return load_dataset(str(data), seed=seed, tokenizer=tokenizer or "char")
+    except GlmcError as e:
+        m = _UNKNOWN_CHAR.match(str(e))
+        if m and tokenizer is not None and not isinstance(tokenizer, str):
+            where = f" ({source})" if source is not None else ""
+            raise GlmcError(f"{data}: the model's vocabulary{where} lacks {m.group(1)} "
+                            f"(it has {m.group(2)} characters)") from None
+        raise
+
+
+def check_data_fits(
+    config: CanonicalConfig,
+    dataset: Dataset,
+    *,
+    split: str = "test",
+    context: int | None = None,
+    where: str = "the model",
+) -> int | None:
+    """Raise GlmcError unless a model of ``config`` can be evaluated on ``split`` of ``dataset``.
+
+    Checks the task (text vs images), the vocabulary / image size / channels / classes, and
+    that the split holds at least one window of ``context`` tokens (+1 target).
+
+    Returns:
+        the context to evaluate text with (``context`` or the model's ``n_positions``); None
+        for images.
+    """
+    check_split(split)
+    is_text = isinstance(dataset, TextDataset)
+    if config.task == "causal_lm":
+        if not is_text:
+            raise GlmcError(f"{where} is a language model, but dataset '{dataset.name}' "
+                            "holds images")
+        context = config.n_positions if context is None else context
+        if context < 1:
+            raise GlmcError(f"context must be at least 1, got {context}")
+        check_text_fits(dataset, config.vocab_size, context, config.n_positions)
+        n = dataset.split(split).numel()
+        if n < context + 1:
+            raise GlmcError(f"dataset '{dataset.name}': the {split} split has {n} tokens, too "
+                            f"few for context {context} (give a smaller --context)")
+        return context
+    if is_text:
+        raise GlmcError(f"{where} is an image classifier, but dataset '{dataset.name}' "
+                        "holds text")
+    check_images_fit(dataset, config.image_size, config.num_channels, config.num_labels)
+    if len(dataset.split(split)[1]) == 0:
+        raise GlmcError(f"dataset '{dataset.name}': the {split} split is empty")
+    return None
+
+
+def default_batch_size(config: CanonicalConfig, context: int | None) -> int:
+    """Images: 250. Text: as many windows as keep the logits under 2**25 floats (1 to 64)."""
+    if config.task != "causal_lm":
+        return DEFAULT_IMAGE_BATCH
+    return max(1, min(64, TEXT_LOGITS_BUDGET // (max(context or 1, 1) * config.vocab_size)))
+
+
+def fixed_batches(
+    dataset: Dataset,
+    split: str,
+    *,
+    batch_size: int,
+    context: int | None = None,
+    max_batches: int | None = None,
+) -> list[Batch]:
+    """The evaluation batches, materialised once so every λ sees exactly the same data.
+
+    Args:
+        dataset: a text or image dataset.
+        split: ``train``, ``val`` or ``test``.
+        batch_size: windows (text) or images per batch.
+        context: window length for text (ignored for images).
+        max_batches: keep at most this many batches; None: the whole split for images, and
+            for text the first ``DEFAULT_TEXT_TOKENS`` tokens (rounded up to whole batches);
+            0: the whole split.
+
+    Returns:
+        ``[(x, y), ...]``: text ``(b, T)`` ids and ``(b, T)`` targets; images ``(b, C, H, W)``
+        and ``(b,)`` labels.
+    """
+    if batch_size < 1:
+        raise GlmcError(f"batch size must be at least 1, got {batch_size}")
+    if max_batches is not None and max_batches < 0:
+        raise GlmcError(f"max batches must be >= 0, got {max_batches}")
+    if max_batches is None and isinstance(dataset, TextDataset):
+        max_batches = math.ceil(DEFAULT_TEXT_TOKENS / (batch_size * (context or 1)))
+    batches = []
+    for batch in dataset.eval_batches(split, batch_size, context):
+        if max_batches and len(batches) >= max_batches:
+            break
+        batches.append(batch)
+    if not batches:
+        raise GlmcError(f"dataset '{dataset.name}': nothing to evaluate in the {split} split")
+    return batches
+
+
+# -- evaluation ---------------------------------------------------------------------------
+
+
+class Evaluator:
+    """One module of ``config`` and fixed batches; evaluates state dicts by swapping weights.
+
+    The module is built once (``dtype``, default float32, on ``device``); :meth:`evaluate`
+    and :meth:`evaluate_path` copy weights into its parameters in place.
+    """
+
+    def __init__(
+        self,
+        config: CanonicalConfig,
+        batches: Sequence[Batch],
+        *,
+        device: str | torch.device | None = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.config, self.dtype = config, dtype
+        self.device = resolve_device(device)
+        with torch.device("meta"):
+            shell = CanonicalTransformer(config)
+        self.module: CanonicalTransformer = shell.to_empty(device=self.device).to(dtype).eval()
+        self.module.requires_grad_(False)
+        self.params: dict[str, torch.Tensor] = dict(self.module.named_parameters())
+        self.batches = [(x.to(self.device, dtype) if x.is_floating_point() else
+                         x.to(self.device), y.to(self.device)) for x, y in batches]
+        self.count = sum(y.numel() for _, y in self.batches)
+
+    def prepare(self, state: Mapping[str, torch.Tensor]) -> StateDict:
+        """``state`` on the evaluator's device and dtype, checked against the module."""
+        missing = sorted(set(self.params) - set(state))
+        extra = sorted(set(state) - set(self.params))
+        if missing or extra:
+            raise GlmcError(f"state does not fit the model: missing {missing[:3]}, "
+                            f"unexpected {extra[:3]}")
+        out = {}
+        for k, p in self.params.items():
+            if tuple(state[k].shape) != tuple(p.shape):
+                raise GlmcError(f"tensor {k}: shape {list(state[k].shape)}, the model has "
+                                f"{list(p.shape)}")
+            out[k] = state[k].to(self.device, self.dtype)
+        return out
+
+    @torch.no_grad()
+    def load(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Copy ``state`` into the module's parameters (no new module)."""
+        for k, p in self.params.items():
+            p.copy_(state[k])
+
+    @torch.no_grad()
+    def load_interpolated(self, a: StateDict, b: StateDict, lam: float) -> None:
+        """Parameters := λ·a + (1 − λ)·b in place (exactly a at λ = 1 and b at λ = 0).
+
+        ``a`` and ``b`` must come from :meth:`prepare`.
+        """
+        for k, p in self.params.items():
+            if lam == 1.0:
+                p.copy_(a[k])
+            elif lam == 0.0:
+                p.copy_(b[k])
+            else:
+                torch.lerp(b[k], a[k], lam, out=p)
+
+    @torch.inference_mode()
+    def run(self) -> EvalResult:
+        """Evaluate the weights currently in the module on the fixed batches."""
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        correct = torch.zeros((), dtype=torch.float64, device=self.device)
+        classifier = self.config.task == "image_classifier"
+        for x, y in self.batches:
+            logits = self.module(x).float()
+            logits = logits.reshape(-1, logits.shape[-1])
+            target = y.reshape(-1)
+            total += F.cross_entropy(logits, target, reduction="sum").double()
+            if classifier:
+                correct += (logits.argmax(-1) == target).sum().double()
+        loss = float(total) / self.count
+        return EvalResult(loss, float(correct) / self.count if classifier else None, self.count)
+
+    def evaluate(self, state: Mapping[str, torch.Tensor]) -> EvalResult:
+        """Loss (and accuracy) of the model with weights ``state``."""
+        self.load(self.prepare(state))
+        return self.run()
+
+    def evaluate_path(
+        self,
+        state_a: Mapping[str, torch.Tensor],
+        state_b: Mapping[str, torch.Tensor],
+        lambdas: Sequence[float],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[EvalResult]:
+        """Evaluate θ(λ) = λ·θ_A + (1 − λ)·θ_B at every λ (λ = 1 is A, λ = 0 is B).
+
+        progress(done, total) is called after each point.
+        """
+        a, b = self.prepare(state_a), self.prepare(state_b)
+        results = []
+        for i, lam in enumerate(lambdas):
+            self.load_interpolated(a, b, float(lam))
+            results.append(self.run())
+            if progress is not None:
+                progress(i + 1, len(lambdas))
+        return results
+
+
+def evaluate(
+    model,
+    data: str | Path | Dataset,
+    split: str = "test",
+    *,
+    context: int | None = None,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+    device: str | torch.device | None = "cpu",
+    seed: int = 0,
+) -> EvalResult:
+    """Loss (and accuracy) of one model (CanonicalModel, LoadedModel or folder) on ``data``.
+
+    See :func:`fixed_batches` for ``max_batches``; text is read with the model folder's
+    tokenizer when there is one.
+    """
+    from glmc.api import canonical
+    from glmc.io.folders import LoadedModel
+
+    folders = [model] if isinstance(model, (str, Path)) else (
+        [model.path] if isinstance(model, LoadedModel) else [])
+    m = canonical(model)
+    ds = load_eval_data(data, m.config, folders=folders, seed=seed)
+    context = check_data_fits(m.config, ds, split=split, context=context)
+    bs = batch_size or default_batch_size(m.config, context)
+    batches = fixed_batches(ds, split, batch_size=bs, context=context, max_batches=max_batches)
+    return Evaluator(m.config, batches, device=device).evaluate(m.state)
+
+
+__all__ = [
+    "DEFAULT_TEXT_TOKENS",
+    "EvalResult",
+    "Evaluator",
+    "check_data_fits",
+    "default_batch_size",
+    "evaluate",
+    "fixed_batches",
+    "load_eval_data",
+    "resolve_device",
+]

@@ -1,0 +1,249 @@
+"""Weight matching: planted recovery (B = g·A), merges, objective traces, token counts, and
+errors on bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import glmc
+from glmc.errors import GlmcError
+from glmc.matching.solvers import align_inner, assignment, procrustes
+from glmc.matching.weight import WeightMatchingOptions, weight_matching
+from glmc.symmetry.groups import Group, Permutation
+from glmc.symmetry.transform import Transform
+
+F64 = torch.float64
+ALL_ROLES = {"residual", "heads", "qk", "ov", "mlp"}
+
+#: Planted group elements: the roles of the spaces g moves and the subgroups it draws from.
+PLANTED = {
+    "residual-permutation": ({"residual"}, {"residual": "permutation"}),
+    "residual-fix-ones": ({"residual"}, {"residual": "fix_ones"}),
+    "residual-orthogonal": ({"residual"}, {}),
+    "head-permutations": ({"heads"}, {}),
+    "inner-head-maps": ({"qk", "ov"}, {}),
+    "mlp-permutations": ({"mlp"}, {}),
+    "full-group-fix-ones": (ALL_ROLES, {"residual": "fix_ones"}),
+    "full-group": (ALL_ROLES, {}),
+    "full-group-residual-permutation": (ALL_ROLES, {"residual": "permutation"}),
+}
+
+
+def plant(model, case: str, seed: int = 1):
+    """B = g·A for a random g of the planted kind."""
+    roles, subgroups = PLANTED[case]
+    t = Transform.random(model.spec, torch.Generator().manual_seed(seed), subgroups=subgroups)
+    return model.transformed(Transform({k: e for k, e in t.elements.items()
+                                        if model.spec.roles[k] in roles}))
+
+
+def assert_planted_recovered(h, tiny, a, b, **align_options):
+    """Alignment brings B back onto A; the aligned merge is A's function, the plain one not."""
+    x = tiny.inputs()
+    ref = h.canonical_output(a, x)
+    assert h.rel_weight_distance(a, b) > 1e-2  # the plant moved the weights
+    merged, al = glmc.merge(a, b, alpha=0.5, **align_options)  # align_method="weight"
+    assert h.rel_weight_distance(al.a, al.aligned) < 1e-5
+    assert h.rel_diff(ref, h.canonical_output(merged, x)) < 1e-6
+    plain, none = glmc.merge(a, b, alpha=0.5, align_method="none", **align_options)
+    assert none is None
+    assert h.rel_diff(ref, h.canonical_output(plain, x)) > 1e-2
+    return al
+
+
+@pytest.mark.parametrize("case", list(PLANTED))
+def test_planted_recovery(h, arch, case):
+    tiny = h.make_tiny(arch, n_layer=2, d=32, n_head=4)
+    a = tiny.canonical()
+    b = plant(a, case)
+    al = assert_planted_recovered(h, tiny, a, b)
+    if case not in ("full-group", "residual-orthogonal"):
+        # B stays centred, so the residual map found fixes the all-ones direction and the
+        # aligned model is again a stock model.
+        res = al.transform.elements["res"].matrix(F64)
+        ones = torch.ones(res.shape[0], dtype=F64)
+        torch.testing.assert_close(res @ ones, ones)
+        tiny.importer.to_stock(al.aligned)
+
+
+@pytest.mark.parametrize(("d", "n_head", "case"), [
+    (96, 4, "full-group"),
+    (96, 4, "full-group-fix-ones"),
+    (384, 6, "full-group-fix-ones"),
+])
+def test_planted_recovery_char_level_vocab_smaller_than_width(h, d, n_head, case):
+    tiny = h.make_tiny("gpt2", n_layer=2, d=d, n_head=n_head, vocab=65, n_positions=32)
+    a = tiny.canonical()
+    assert_planted_recovered(h, tiny, a, plant(a, case))
+
+
+def test_residual_permutation_ablation_recovers_a_planted_permutation(h, arch):
+    tiny = h.make_tiny(arch)
+    a = tiny.canonical()
+    b = plant(a, "full-group-residual-permutation")
+    al = assert_planted_recovered(h, tiny, a, b, residual="permutation")
+    assert isinstance(al.transform.elements["res"], Permutation)
+
+
+def test_circuit_mode_planted_recovery(h, arch):
+    """heads="circuit": both models go to circuit form, where inner head maps vanish."""
+    tiny = h.make_tiny(arch)
+    a = tiny.canonical()
+    al = assert_planted_recovered(h, tiny, a, plant(a, "full-group"), heads="circuit")
+    assert al.a.config.attention == "circuit" and al.aligned.config.attention == "circuit"
+
+
+@pytest.mark.parametrize("options", [{}, {"residual": "permutation"}, {"heads": "circuit"},
+                                     {"residual": "none"}],
+                         ids=["default", "residual-permutation", "circuit", "residual-none"])
+def test_independent_models_objective_never_decreases(h, arch, options):
+    tiny_b = h.make_tiny(arch, seed=2)
+    a, b = h.make_tiny(arch, seed=1).canonical(), tiny_b.canonical()
+    al = glmc.align(a, b, **options)
+    m = al.match
+    objectives = [m.init_objective] + [t["objective"] for t in m.trace]
+    for before, after in zip(objectives, objectives[1:], strict=False):
+        assert after >= before - 1e-9 * abs(before)
+    assert objectives[-1] > m.init_objective  # matching found something
+    assert 0 < m.trace[-1]["normalized"] <= 1 + 1e-9
+    x = tiny_b.inputs()
+    assert h.rel_diff(tiny_b.logits(x), h.canonical_output(al.aligned, x)) < 1e-9
+    if options.get("residual") == "none":
+        res = al.transform.elements["res"].matrix(F64)
+        torch.testing.assert_close(res, torch.eye(res.shape[0], dtype=F64))
+
+
+def test_max_iter_bounds_the_trace_and_progress_is_reported(h):
+    a, b = h.make_tiny("vit", seed=1).canonical(), h.make_tiny("vit", seed=2).canonical()
+    calls = []
+    al = glmc.align(a, b, max_iter=2, tol=0.0, progress=lambda it, obj: calls.append((it, obj)))
+    assert len(al.match.trace) == 2 and not al.match.converged
+    assert [c[0] for c in calls] == [1, 2]
+    assert calls[-1][1] == pytest.approx(al.match.trace[-1]["normalized"])
+
+
+# -- token counts --------------------------------------------------------------------------
+
+
+def test_token_counts_ignore_rows_of_unseen_tokens(h):
+    """B = g·A, then the embedding rows of unseen tokens are overwritten with large noise:
+    with token counts, matching ignores those rows and still recovers g exactly."""
+    tiny = h.make_tiny("gpt2", vocab=50)
+    a = tiny.canonical()
+    b = plant(a, "full-group")
+    counts = torch.ones(50)
+    counts[::3] = 0
+    unseen = counts == 0
+    state = dict(b.state)
+    noise = torch.randn(int(unseen.sum()), 32, dtype=F64, generator=torch.Generator().manual_seed(9))
+    state["embed.tok"] = state["embed.tok"].clone()
+    state["embed.tok"][unseen] += 20 * noise
+    b = b.with_state(state)
+
+    def seen_distance(al):
+        sa = {k: v[~unseen] if k in ("embed.tok", "head.weight") else v
+              for k, v in al.a.state.items()}
+        sb = {k: v[~unseen] if k in ("embed.tok", "head.weight") else v
+              for k, v in al.aligned.state.items()}
+        return h.rel_weight_distance(a.with_state(sa), a.with_state(sb))
+
+    assert seen_distance(glmc.align(a, b, token_counts=counts)) < 1e-5
+    assert seen_distance(glmc.align(a, b)) > 1e-2  # without counts the noise misleads
+
+
+def test_token_counts_are_validated(h):
+    a = h.make_tiny("gpt2", vocab=50).canonical()
+    with pytest.raises(GlmcError, match="49 token counts for a vocabulary of 50"):
+        glmc.align(a, a, token_counts=torch.ones(49))
+    vit = h.make_tiny("vit").canonical()
+    with pytest.raises(GlmcError, match="language models only"):
+        glmc.align(vit, vit, token_counts=torch.ones(5))
+
+
+# -- bad input -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("a_opts", "b_opts", "message"), [
+    ({"n_inner": 64}, {"n_inner": 128},
+     "tensor blocks.0.mlp.fc.weight: shape [64, 32] in A, [128, 32] in B"),
+    ({"d": 32}, {"d": 48, "n_head": 4}, "tensor embed.tok: shape [50, 32] in A, [50, 48] in B"),
+    ({"n_layer": 2}, {"n_layer": 1}, "model B lacks tensor blocks.1"),
+])
+@pytest.mark.parametrize("align_method", ["weight", "none"])
+def test_different_sizes_are_rejected_naming_the_tensor(h, a_opts, b_opts, message,
+                                                        align_method):
+    a = h.make_tiny("gpt2", **a_opts).canonical()
+    b = h.make_tiny("gpt2", **b_opts).canonical()
+    with pytest.raises(GlmcError) as err:
+        glmc.merge(a, b, align_method=align_method)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("who", ["A", "B"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_are_rejected_naming_the_tensor(h, arch, who, bad):
+    a = h.make_tiny(arch).canonical()
+    state = {k: v.clone() for k, v in a.state.items()}
+    state["blocks.1.mlp.fc.bias"][3] = bad
+    broken = a.with_state(state)
+    pair = (broken, a) if who == "A" else (a, broken)
+    with pytest.raises(GlmcError, match=f"model {who}: tensor blocks.1.mlp.fc.bias contains"):
+        glmc.align(*pair)
+
+
+def test_bad_options_are_rejected(h):
+    a = h.make_tiny("vit").canonical()
+    with pytest.raises(GlmcError, match="unknown alignment method"):
+        glmc.align(a, a, method="learned-magic")
+    with pytest.raises(GlmcError, match="unknown heads mode"):
+        glmc.align(a, a, heads="sideways")
+    with pytest.raises(GlmcError, match="unknown residual mode"):
+        weight_matching(a, a, WeightMatchingOptions(residual="diagonal"))
+    with pytest.raises(GlmcError, match="alpha must lie in"):
+        glmc.merge(a, a, alpha=1.5)
+
+
+def test_merge_endpoints(h):
+    a, b = h.make_tiny("vit", seed=1).canonical(), h.make_tiny("vit", seed=2).canonical()
+    at_a, al = glmc.merge(a, b, alpha=1.0)
+    at_b, _ = glmc.merge(a, b, alpha=0.0)
+    for k in a.state:
+        torch.testing.assert_close(at_a.state[k], a.state[k])
+        torch.testing.assert_close(at_b.state[k], al.aligned.state[k])
+
+
+# -- solvers -------------------------------------------------------------------------------
+
+
+def test_assignment_recovers_a_permutation_and_keeps_an_optimal_one():
+    g = torch.Generator().manual_seed(0)
+    perm = torch.randperm(20, generator=g)
+    m = torch.randn(20, 20, generator=g, dtype=F64) * 0.1
+    m[torch.arange(20), perm] += 1.0
+    assert torch.equal(assignment(m), perm)
+    assert torch.equal(assignment(m, current=perm), perm)
+    wrong = perm.roll(1)
+    assert torch.equal(assignment(m, current=wrong), perm)  # a suboptimal start is not kept
+
+
+@pytest.mark.parametrize("fix_ones", [False, True])
+def test_procrustes_recovers_an_orthogonal_map(fix_ones):
+    g = torch.Generator().manual_seed(0)
+    o = Group("orthogonal", 10).random(g, subgroup="fix_ones" if fix_ones else None).matrix()
+    x = torch.randn(10, 40, generator=g, dtype=F64)
+    if fix_ones:
+        x = x - x.mean(0)  # centred data: the all-ones direction is in the null space
+    m = (o @ x) @ x.T  # cross-correlation of A = O·X with B = X
+    torch.testing.assert_close(procrustes(m, fix_ones), o)
+
+
+def test_align_inner_recovers_an_invertible_head_map():
+    g = torch.Generator().manual_seed(0)
+    k, d = 4, 12
+    xa, ya = torch.randn(k, d, generator=g, dtype=F64), torch.randn(k, d, generator=g, dtype=F64)
+    m = Group("block_invertible", k, block=k).random(g).matrix()
+    xb, yb = torch.linalg.solve(m, xa), m.T @ ya  # head b = head a under M⁻¹
+    rec = align_inner(xa, ya, xb, yb, invertible=True)
+    torch.testing.assert_close(rec @ xb, xa)
+    torch.testing.assert_close(torch.linalg.inv(rec).T @ yb, ya)
