@@ -67,6 +67,23 @@ def test_planted_recovery(h, arch, case):
         tiny.importer.to_stock(al.aligned)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "weight_matching runs in the models' dtype: in float32 a head step whose permutation is "
+    "already right changes only the inner maps, which the circuit objective does not see; "
+    "its gain is rounding noise, often below the -1e-12·|objective| acceptance slack, so the "
+    "inner maps stay at the identity (src/glmc/matching/weight.py, Problem.__init__ and the "
+    "acceptance tests in weight_matching)"))
+def test_planted_inner_head_maps_are_recovered_in_float32(h):
+    """The CLI loads models in float32: matching must recover inner head maps there too.
+    (Several seeds and layers, so that the outcome does not hinge on one rounding sign.)"""
+    for arch in ("gpt2", "vit"):
+        for seed in range(4):
+            a = h.make_tiny(arch, n_layer=3, seed=seed, dtype=torch.float32).canonical()
+            b = plant(a, "inner-head-maps", seed=seed)
+            al = glmc.align(a, b)
+            assert h.rel_weight_distance(a, al.aligned) < 1e-5, (arch, seed)
+
+
 @pytest.mark.parametrize(("d", "n_head", "case"), [
     (96, 4, "full-group"),
     (96, 4, "full-group-fix-ones"),

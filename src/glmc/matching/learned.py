@@ -47,6 +47,7 @@ class LearnedMatchingOptions:
     patience: int = 4  # evaluations without improvement before stopping (0: never stop)
     residual: str = "orthogonal"  # "orthogonal" | "permutation" | "none"
     seed: int = 0
+    dtype: str = "float32"  # of the models on the path ("float64": for exact comparisons)
     checkpoint: str | None = None  # file for the latents, written atomically
     checkpoint_every: int = 0
     resume: bool = False
@@ -119,18 +120,19 @@ def _names(spec_spaces) -> dict[str, str]:
 
 
 def task_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+    """Mean cross-entropy; logits (..., classes), y (...) class ids."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
 class PathModel:
     """θ(λ) = λ·θ_A + (1 − λ)·π(θ_B) evaluated with one module, π from the latents."""
 
     def __init__(self, a: CanonicalModel, b: CanonicalModel, latents: torch.nn.ModuleDict,
-                 fixed: dict[str, Element]) -> None:
+                 fixed: dict[str, Element], dtype: torch.dtype = torch.float32) -> None:
         self.spec = a.spec
-        self.a = {k: v.float() for k, v in a.state.items()}
-        self.b = {k: v.float() for k, v in b.state.items()}
-        self.module = a.module(torch.float32)
+        self.a = {k: v.to(dtype) for k, v in a.state.items()}
+        self.b = {k: v.to(dtype) for k, v in b.state.items()}
+        self.module = a.module(dtype)
         for p in self.module.parameters():
             p.requires_grad_(False)
         self.latents, self.fixed = latents, fixed
@@ -152,7 +154,13 @@ class PathModel:
         return out
 
     def loss(self, lam: float, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return task_loss(functional_call(self.module, self.state(lam), (x,)), y)
+        state = self.state(lam)
+        return task_loss(functional_call(self.module, state, (_cast(x, state),)), y)
+
+
+def _cast(x: torch.Tensor, state: StateDict) -> torch.Tensor:
+    """Images in the models' dtype (token ids stay integers)."""
+    return x.to(next(iter(state.values())).dtype) if x.is_floating_point() else x
 
 
 def _dist():
@@ -207,7 +215,9 @@ def learned_matching(
         raise GlmcError(f"batch size {opts.batch_size} does not split over {world} processes")
     sample_lam = _lambda_sampler(opts.lam)
     latents, fixed = make_latents(a, init, opts.residual, fix_ones)
-    path = PathModel(a, b, latents, fixed)
+    if opts.dtype not in ("float32", "float64"):
+        raise GlmcError(f"dtype must be float32 or float64, got {opts.dtype!r}")
+    path = PathModel(a, b, latents, fixed, getattr(torch, opts.dtype))
     params = [p for p in latents.parameters()]
     if not params:
         raise GlmcError("nothing to learn: the spec has no permutation or residual space")
@@ -265,7 +275,7 @@ def learned_matching(
             torch.nn.utils.clip_grad_norm_(params, opts.clip)
             optim.step()
             sched.step()
-            row = {"step": step + 1, "loss": float(loss), "lambda": lam}
+            row = {"step": step + 1, "loss": float(loss.detach()), "lambda": lam}
             val = None
             last = step + 1 == opts.steps
             if (step + 1) % opts.eval_every == 0 or last:
@@ -279,7 +289,7 @@ def learned_matching(
                     bad_evals += 1
             result.log.append(row)
             if progress is not None and rank == 0:
-                progress(step + 1, float(loss), val)
+                progress(step + 1, row["loss"], val)
             stop = opts.patience and bad_evals >= opts.patience
             if ckpt is not None and rank == 0 and (
                     (opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0)
@@ -329,6 +339,6 @@ def _evaluate(path: PathModel, batches: list, lambdas: tuple[float, ...]) -> flo
     total = 0.0
     for lam in lambdas:
         state = path.state(lam)
-        total += sum(float(task_loss(functional_call(path.module, state, (x,)), y))
+        total += sum(float(task_loss(functional_call(path.module, state, (_cast(x, state),)), y))
                      for x, y in batches) / len(batches)
     return total / len(lambdas)

@@ -1,0 +1,452 @@
+"""Loss and accuracy barriers on the straight line between two models (DESIGN.md §1).
+
+With λ weighting model A (λ = 1 is A, λ = 0 is B aligned to A by a method π)::
+
+    θ(λ) = λ·θ_A + (1 − λ)·π(θ_B)
+    B_λ  = L(θ(λ)) − (λ·L(θ_A) + (1 − λ)·L(θ_B))
+    loss barrier = max over the grid of B_λ
+
+The accuracy barrier is the same with the sign flipped (higher is better): the largest drop of
+the accuracy below the straight line between the endpoint accuracies; None for language models.
+
+:func:`barrier` is the pure arithmetic; :func:`run_barrier` aligns B to A with each requested
+method (see :data:`METHODS`), evaluates θ(λ) on a grid with one reused module and returns a
+:class:`BarrierReport`::
+
+    report = run_barrier("runs/vit-a", "runs/vit-b", "mnist5k", methods=("none", "weight"))
+    report.methods["weight"].loss_barrier
+    glmc.plots.plot_barriers(report, "barrier.png")
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import torch
+
+from glmc.data import Dataset, TextDataset, Tokenizer
+from glmc.errors import GlmcError
+from glmc.evaluate import (
+    Evaluator,
+    check_data_fits,
+    default_batch_size,
+    fixed_batches,
+    load_eval_data,
+    resolve_device,
+)
+from glmc.models.circuit import to_circuit
+from glmc.models.model import CanonicalModel
+
+# -- the arithmetic -----------------------------------------------------------------------
+
+
+def barrier_curve(
+    lambdas: Sequence[float], values: Sequence[float], higher_is_better: bool = False
+) -> np.ndarray:
+    """B_λ at every grid point: how much worse ``values`` are than the endpoints' line.
+
+    Args:
+        lambdas: the grid, shape (n,), must contain 0 (B) and 1 (A); any order.
+        values: the metric at each λ, shape (n,).
+        higher_is_better: False for a loss (B_λ = v(λ) − line(λ)); True for an accuracy
+            (B_λ = line(λ) − v(λ)).
+
+    Returns:
+        float64 array (n,), zero at both endpoints.
+    """
+    lam = np.asarray(lambdas, dtype=np.float64)
+    v = np.asarray(values, dtype=np.float64)
+    if lam.ndim != 1 or lam.shape != v.shape:
+        raise ValueError(f"lambdas {lam.shape} and values {v.shape} must be equal-length 1-D")
+    at0, at1 = np.flatnonzero(lam == 0.0), np.flatnonzero(lam == 1.0)
+    if at0.size == 0 or at1.size == 0:
+        raise ValueError("the grid must contain both endpoints, λ = 0 and λ = 1")
+    line = lam * v[at1[0]] + (1.0 - lam) * v[at0[0]]
+    return line - v if higher_is_better else v - line
+
+
+def barrier(
+    lambdas: Sequence[float], values: Sequence[float], higher_is_better: bool = False
+) -> float:
+    """max over the grid of B_λ (see :func:`barrier_curve`); >= 0 since B_0 = B_1 = 0.
+
+    >>> barrier([0, 0.5, 1], [1.0, 3.0, 2.0])          # 3 − (0.5·2 + 0.5·1)
+    1.5
+    >>> barrier([0, 0.5, 1], [0.9, 0.5, 0.8], higher_is_better=True)  # 0.85 − 0.5
+    0.35
+    """
+    curve = barrier_curve(lambdas, values, higher_is_better)
+    if np.isnan(curve).any():
+        return math.nan
+    return float(curve.max())
+
+
+def lambda_grid(points: int) -> list[float]:
+    """``points`` evenly spaced values of λ in [0, 1], both ends included (points >= 2)."""
+    if points < 2:
+        raise GlmcError(f"the grid needs at least 2 points (λ = 0 and λ = 1), got {points}")
+    return [i / (points - 1) for i in range(points)]
+
+
+# -- alignment methods --------------------------------------------------------------------
+
+
+@dataclass
+class AlignOptions:
+    """Options passed to every alignment method (each uses what applies to it).
+
+    Attributes:
+        heads: ``"inner"`` (keep head_dim) or ``"circuit"`` (both models are rewritten in
+            circuit form before aligning and interpolating).
+        max_iter, tol: weight matching's coordinate descent.
+        seed: random seed for methods that draw random numbers.
+        token_counts: (vocab,) counts; only vocabulary rows of seen tokens count.
+        progress: callback(iteration, objective) of the matching.
+        dataset: the loaded dataset, for data-driven methods (they train on its ``train``
+            split); :func:`run_barrier` fills it in when None.
+    """
+
+    heads: str = "inner"
+    max_iter: int = 15
+    tol: float = 1e-5
+    seed: int = 0
+    token_counts: torch.Tensor | None = None
+    progress: Callable[[int, float], None] | None = None
+    dataset: Dataset | None = None
+
+
+AlignFn = Callable[[CanonicalModel, CanonicalModel, AlignOptions], CanonicalModel]
+
+
+@dataclass(frozen=True)
+class Method:
+    """An alignment method: ``fn(a, b, options)`` returns B aligned to A (B's function)."""
+
+    name: str
+    fn: AlignFn
+    description: str
+
+
+_METHODS: dict[str, Method] = {}
+METHODS = MappingProxyType(_METHODS)
+"""Name -> :class:`Method` of every alignment method :func:`run_barrier` accepts."""
+
+
+def register_method(name: str, fn: AlignFn, description: str, *, replace: bool = False) -> None:
+    """Add an alignment method (``fn(a, b, options) -> aligned B``) under ``name``."""
+    if name in _METHODS and not replace:
+        raise ValueError(f"alignment method {name!r} is already registered")
+    _METHODS[name] = Method(name, fn, description)
+
+
+def get_method(name: str) -> Method:
+    """The method called ``name``; GlmcError listing the available ones otherwise."""
+    if name not in _METHODS:
+        raise GlmcError(f"unknown alignment method {name!r} (available: "
+                        f"{', '.join(_METHODS)})")
+    return _METHODS[name]
+
+
+def _none(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> CanonicalModel:
+    return b
+
+
+def _weight(residual: str) -> AlignFn:
+    def fn(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> CanonicalModel:
+        from glmc.api import align
+
+        return align(a, b, residual=residual, heads=o.heads, max_iter=o.max_iter, tol=o.tol,
+                     token_counts=o.token_counts, progress=o.progress).aligned
+
+    return fn
+
+
+register_method("none", _none, "no alignment: vanilla averaging")
+register_method("weight", _weight("orthogonal"),
+                "weight matching, orthogonal residual map (data-free)")
+register_method("weight-perm", _weight("permutation"),
+                "weight matching, permutation-only residual map (the paper's ablation)")
+
+
+# -- the report ---------------------------------------------------------------------------
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+@dataclass
+class MethodResult:
+    """The curve of one alignment method.
+
+    Attributes:
+        lambdas: the grid, (n,); λ = 1 is A, λ = 0 is B aligned.
+        losses: test loss at each λ, (n,).
+        accuracies: accuracy at each λ (n,), None for language models.
+        loss_barrier, acc_barrier: see :func:`barrier` (acc_barrier None for language models).
+        loss_barrier_lambda, acc_barrier_lambda: where the maximum sits.
+        align_seconds, eval_seconds: wall time of the alignment and of the evaluations.
+    """
+
+    name: str
+    lambdas: list[float]
+    losses: list[float]
+    accuracies: list[float] | None
+    loss_barrier: float
+    acc_barrier: float | None
+    loss_barrier_lambda: float
+    acc_barrier_lambda: float | None
+    align_seconds: float
+    eval_seconds: float
+
+    def _at(self, values: list[float] | None, lam: float) -> float | None:
+        return None if values is None else values[self.lambdas.index(lam)]
+
+    @property
+    def loss_a(self) -> float:
+        """Loss at λ = 1 (model A)."""
+        return self._at(self.losses, 1.0)  # type: ignore[return-value]
+
+    @property
+    def loss_b(self) -> float:
+        """Loss at λ = 0 (model B aligned: the same function as B)."""
+        return self._at(self.losses, 0.0)  # type: ignore[return-value]
+
+    @property
+    def acc_a(self) -> float | None:
+        return self._at(self.accuracies, 1.0)
+
+    @property
+    def acc_b(self) -> float | None:
+        return self._at(self.accuracies, 0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "loss_barrier": _finite(self.loss_barrier),
+            "acc_barrier": _finite(self.acc_barrier),
+            "lambdas": self.lambdas,
+            "losses": [_finite(x) for x in self.losses],
+            "accuracies": None if self.accuracies is None else
+            [_finite(x) for x in self.accuracies],
+            "loss_a": _finite(self.loss_a), "loss_b": _finite(self.loss_b),
+            "acc_a": _finite(self.acc_a), "acc_b": _finite(self.acc_b),
+            "loss_barrier_lambda": self.loss_barrier_lambda,
+            "acc_barrier_lambda": self.acc_barrier_lambda,
+            "align_seconds": round(self.align_seconds, 4),
+            "eval_seconds": round(self.eval_seconds, 4),
+        }
+
+
+@dataclass
+class BarrierReport:
+    """Barriers of every method between A and B on one dataset split.
+
+    ``to_json()`` gives ``{"methods": {name: {"loss_barrier", "acc_barrier", "lambdas",
+    "losses", "accuracies", ...}}, "a", "b", "data", ...}``.
+    """
+
+    a: str
+    b: str
+    data: str
+    split: str
+    task: str
+    context: int | None
+    count: int  # targets per evaluation: tokens (text) or images
+    lambdas: list[float]
+    methods: dict[str, MethodResult]
+    seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+    label: str | None = None
+
+    @property
+    def is_classifier(self) -> bool:
+        return self.task == "image_classifier"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "methods": {k: m.to_json() for k, m in self.methods.items()},
+            "a": self.a, "b": self.b, "data": self.data, "split": self.split,
+            "task": self.task, "context": self.context, "eval_count": self.count,
+            "points": len(self.lambdas), "seconds": round(self.seconds, 3),
+            "warnings": self.warnings,
+        }
+
+
+# -- the run ------------------------------------------------------------------------------
+
+#: progress(method, stage, done, total): stage "align" (done/total 0/1, then 1/1) or "eval"
+#: (points evaluated so far / grid size).
+ProgressFn = Callable[[str, str, int, int], None]
+
+
+def _describe(x: Any) -> str:
+    from glmc.io.folders import LoadedModel
+
+    if isinstance(x, LoadedModel):
+        return str(x.path)
+    if isinstance(x, (str, Path)):
+        return str(x)
+    return getattr(x, "name", None) or type(x).__name__
+
+
+def _folders(*models: Any) -> list[Path]:
+    from glmc.io.folders import LoadedModel
+
+    out = []
+    for m in models:
+        if isinstance(m, LoadedModel):
+            out.append(m.path)
+        elif isinstance(m, (str, Path)):
+            out.append(Path(m))
+    return out
+
+
+def prepare_barrier(
+    a: Any,
+    b: Any,
+    data: str | Path | Dataset,
+    *,
+    methods: Sequence[str] = ("none", "weight"),
+    split: str = "test",
+    context: int | None = None,
+    tokenizer: str | Tokenizer | None = None,
+    seed: int = 0,
+) -> tuple[CanonicalModel, CanonicalModel, Dataset, int | None]:
+    """All the checks of :func:`run_barrier` that need no long work.
+
+    Loads the models (folders or LoadedModels), checks they share an architecture, loads the
+    data with the models' tokenizer and checks it fits. Returns (A, B, dataset, context).
+    """
+    from glmc.api import canonical
+    from glmc.matching.weight import check_pair
+    from glmc.verify import same_interface
+
+    for name in methods:
+        get_method(name)
+    if not methods:
+        raise GlmcError("give at least one alignment method")
+    ma, mb = canonical(a), canonical(b)
+    where = f"{_describe(a)} vs {_describe(b)}"
+    same_interface(ma.config, mb.config, where)
+    check_pair(ma, mb)
+    ds = load_eval_data(data, ma.config, folders=_folders(a, b), tokenizer=tokenizer, seed=seed)
+    ctx = check_data_fits(ma.config, ds, split=split, context=context, where=_describe(a))
+    return ma, mb, ds, ctx
+
+
+def run_barrier(
+    a: Any,
+    b: Any,
+    data: str | Path | Dataset,
+    *,
+    methods: Sequence[str] = ("none", "weight"),
+    points: int = 11,
+    split: str = "test",
+    context: int | None = None,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+    device: str | torch.device | None = "cpu",
+    tokenizer: str | Tokenizer | None = None,
+    seed: int = 0,
+    options: AlignOptions | None = None,
+    progress: ProgressFn | None = None,
+    label: str | None = None,
+) -> BarrierReport:
+    """Align B to A with each method, evaluate θ(λ) on a grid, and compute the barriers.
+
+    Args:
+        a, b: model folders, LoadedModels or CanonicalModels of the same architecture.
+        data: a dataset name or path (see :func:`glmc.data.load_dataset`) or a loaded
+            dataset. Text is encoded with the tokenizer saved beside the models.
+        methods: names from :data:`METHODS`, in order.
+        points: grid size, λ evenly spaced in [0, 1].
+        split: the evaluated split (held-out ``test`` by default).
+        context: text window length (default: the model's n_positions).
+        batch_size, max_batches: bound the work (see :func:`glmc.evaluate.fixed_batches`:
+            by default images use the whole split, text its first 65,536 tokens).
+        device: where to evaluate (``"auto"``: CUDA when available).
+        tokenizer: overrides the models' tokenizer for text.
+        seed: split seed of image datasets and seed of the matching (unless ``options``).
+        options: alignment options shared by the methods.
+        progress: progress(method, stage, done, total), see :data:`ProgressFn`.
+        label: a name for this pair in plots.
+
+    Returns:
+        a :class:`BarrierReport`. Every check on the inputs runs before any alignment or
+        evaluation, so bad input fails fast with one GlmcError.
+    """
+    t0 = time.perf_counter()
+    methods = list(dict.fromkeys(methods))
+    lambdas = lambda_grid(points)
+    options = options or AlignOptions(seed=seed)
+    if options.heads not in ("inner", "circuit"):
+        raise GlmcError(f"unknown heads mode {options.heads!r} (inner or circuit)")
+    ma, mb, ds, ctx = prepare_barrier(a, b, data, methods=methods, split=split, context=context,
+                                      tokenizer=tokenizer, seed=seed)
+    dev = resolve_device(device)
+    if options.dataset is None:
+        options = replace(options, dataset=ds)
+    if options.heads == "circuit":
+        ma, mb = to_circuit(ma), to_circuit(mb)
+    bs = batch_size or default_batch_size(ma.config, ctx)
+    batches = fixed_batches(ds, split, batch_size=bs, context=ctx, max_batches=max_batches)
+    evaluator = Evaluator(ma.config, batches, device=dev)
+    classifier = ma.config.task == "image_classifier"
+
+    results: dict[str, MethodResult] = {}
+    for name in methods:
+        method = get_method(name)
+        if progress is not None:
+            progress(name, "align", 0, 1)
+        t1 = time.perf_counter()
+        aligned = method.fn(ma, mb, options)
+        if options.heads == "circuit":
+            aligned = to_circuit(aligned)
+        t_align = time.perf_counter() - t1
+        if progress is not None:
+            progress(name, "align", 1, 1)
+        t2 = time.perf_counter()
+
+        def step(done: int, total: int, name: str = name) -> None:
+            if progress is not None:
+                progress(name, "eval", done, total)
+
+        evals = evaluator.evaluate_path(ma.state, aligned.state, lambdas, progress=step)
+        t_eval = time.perf_counter() - t2
+        losses = [r.loss for r in evals]
+        accs = [float(r.accuracy) for r in evals] if classifier else None  # type: ignore[arg-type]
+        loss_curve = barrier_curve(lambdas, losses)
+        acc_curve = barrier_curve(lambdas, accs, higher_is_better=True) if accs else None
+        results[name] = MethodResult(
+            name, lambdas, losses, accs,
+            barrier(lambdas, losses), None if accs is None else barrier(lambdas, accs, True),
+            lambdas[int(np.nanargmax(loss_curve))] if not np.isnan(loss_curve).all() else 0.0,
+            None if acc_curve is None else lambdas[int(np.argmax(acc_curve))],
+            t_align, t_eval)
+
+    warnings = _endpoint_warnings(results)
+    return BarrierReport(
+        _describe(a), _describe(b), str(getattr(ds, "name", data)) if not isinstance(
+            data, (str, Path)) else str(data),
+        split, ma.config.task, ctx if isinstance(ds, TextDataset) else None,
+        evaluator.count, lambdas, results, time.perf_counter() - t0, warnings, label)
+
+
+def _endpoint_warnings(results: dict[str, MethodResult], rtol: float = 1e-3) -> list[str]:
+    """An aligned B computes B's function: its λ = 0 loss must match the others'."""
+    out = []
+    ref = next(iter(results.values()), None)
+    if ref is None:
+        return out
+    for r in results.values():
+        if abs(r.loss_b - ref.loss_b) > rtol * max(1.0, abs(ref.loss_b)):
+            out.append(f"method {r.name}: loss of B aligned {r.loss_b:.6g} differs from "
+                       f"{ref.name}'s {ref.loss_b:.6g}; the alignment changed B's function")
+    return out

@@ -1,0 +1,46 @@
+"""Data parallelism on torch.distributed: started by torchrun, gloo on CPU, nccl on GPU.
+
+    torchrun --standalone --nproc-per-node 2 $(which glmc) align A B -o OUT --method learned ...
+    # several machines: on each, the same command with
+    torchrun --nnodes 2 --node-rank R --master-addr HOST --master-port 29500 --nproc-per-node N ...
+
+Each rank takes a shard of every global batch; the latents' gradients are averaged with an
+all-reduce, so the result matches a single process with the same global batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import torch
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+@contextlib.contextmanager
+def process_group() -> Iterator[None]:
+    """Join the process group that torchrun describes in the environment (no-op alone)."""
+    if world_size() <= 1 or torch.distributed.is_initialized():
+        yield
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    torch.distributed.init_process_group(backend=backend)
+    try:
+        yield
+    finally:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()

@@ -1,0 +1,481 @@
+"""The training loop: AdamW with warm-up and cosine decay, validation, checkpoints, resumption.
+
+A run is a pure function of its :class:`~glmc.training.config.TrainConfig` (on CPU, with the same
+thread count): the model is initialised from ``torch.manual_seed(seed)``, batches come from a
+``torch.Generator`` seeded with ``seed``, and a resumed run restores every piece of state the next
+step reads, so it ends with bit-identical weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import transformers
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from torch import nn
+from torch.optim import AdamW
+from torch.optim.lr_scheduler import LambdaLR
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    PretrainedConfig,
+    ViTConfig,
+    ViTForImageClassification,
+)
+
+from glmc.data import Dataset, TextDataset, save_tokenizer
+from glmc.errors import GlmcError
+from glmc.io.atomic import atomic_dir, atomic_path
+from glmc.training.checkpoint import (
+    checkpoint_path,
+    load_checkpoint,
+    remove_checkpoint,
+    save_checkpoint,
+)
+from glmc.training.config import (
+    TrainConfig,
+    check_fits,
+    data_summary,
+    hf_config,
+    load_training_data,
+)
+
+TRAIN_FILE = "glmc_train.json"
+RECORD_FORMAT = 1
+
+StepCallback = Callable[[int, float], None]
+
+
+class TrainingStopped(KeyboardInterrupt):
+    """Raised right after step ``stop_after`` (and its checkpoint) to simulate a killed run."""
+
+
+# -- model, optimiser, schedule -----------------------------------------------------------------
+
+
+def build_model(hf: PretrainedConfig) -> nn.Module:
+    """A freshly initialised stock model (draws from torch's global RNG; no download)."""
+    if isinstance(hf, GPT2Config):
+        return GPT2LMHeadModel(hf)
+    if isinstance(hf, ViTConfig):
+        return ViTForImageClassification(hf)
+    raise GlmcError(f"cannot train a {type(hf).__name__}")
+
+
+def logits_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Logits ``(B, T, V)`` for token ids ``(B, T)``, or ``(B, K)`` for images ``(B, C, H, W)``."""
+    if isinstance(model, GPT2LMHeadModel):
+        return model(input_ids=x, use_cache=False).logits
+    return model(pixel_values=x).logits
+
+
+def lr_factor(update: int, warmup: int, total: int) -> float:
+    """Multiplier of the peak learning rate for update ``update`` (0-based).
+
+    Linear warm-up ``1/warmup, 2/warmup, ..., 1``, then a half cosine from 1 towards 0 over the
+    remaining ``total - warmup`` updates (the last update still has a small positive rate).
+    """
+    if update < warmup:
+        return (update + 1) / warmup
+    progress = (update - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> tuple[AdamW, LambdaLR]:
+    """AdamW (decay on matrices, embeddings and the patch kernel; none on biases and norms)
+    and its warm-up + cosine LambdaLR schedule."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    plain = [p for p in model.parameters() if p.ndim < 2]
+    opt = AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay},
+         {"params": plain, "weight_decay": 0.0}],
+        lr=cfg.lr,
+    )
+    warmup, total = cfg.warmup_steps, cfg.steps
+    return opt, LambdaLR(opt, lambda update: lr_factor(update, warmup, total))
+
+
+# -- data ---------------------------------------------------------------------------------------
+
+
+class BatchStream:
+    """Training batches from ``ds.batches`` whose position can be saved and restored exactly.
+
+    Image batches are drawn epoch by epoch from one permutation per epoch, so the generator state
+    alone does not say where the stream is. The stream keeps the generator state from before the
+    current epoch's first draw plus the number of batches served since; restoring replays at most
+    one epoch of index arithmetic. Text batches are independent draws (an "epoch" of one batch).
+    """
+
+    def __init__(self, ds: Dataset, cfg: TrainConfig, generator: torch.Generator) -> None:
+        self.ds, self.cfg, self.generator = ds, cfg, generator
+        if isinstance(ds, TextDataset):
+            self.per_epoch = 1
+        else:
+            self.per_epoch = max(1, ds.split("train")[1].numel() // cfg.batch_size)
+        self.epoch_state = generator.get_state()
+        self.offset = 0
+        self._skip = 0
+        self._it: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def _iterator(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        context = self.cfg.context if isinstance(self.ds, TextDataset) else None
+        return self.ds.batches("train", self.cfg.batch_size, context, self.generator)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next ``(x, y)`` training batch."""
+        if self._it is None:
+            self._it = self._iterator()
+            for _ in range(self._skip):
+                next(self._it)
+            self._skip = 0
+        if self.offset == self.per_epoch:  # the coming draw starts a new epoch
+            self.offset = 0
+            self.epoch_state = self.generator.get_state()
+        batch = next(self._it)
+        self.offset += 1
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch_state": self.epoch_state.clone(), "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch_state = state["epoch_state"].clone()
+        self.offset = self._skip = int(state["offset"])
+        self.generator.set_state(self.epoch_state)
+        self._it = None
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, ds: Dataset, cfg: TrainConfig, split: str, max_batches: int | None = None
+) -> dict[str, float]:
+    """Mean cross-entropy and accuracy (next-token accuracy for text) over ``split``.
+
+    Uses the ordered ``ds.eval_batches`` pass with ``cfg.batch_size`` rows per batch, stopping
+    after ``max_batches`` batches (``None``: the whole split); means are per token / image.
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    context = cfg.context if isinstance(ds, TextDataset) else None
+    loss_sum, correct, count = 0.0, 0, 0
+    for i, (x, y) in enumerate(ds.eval_batches(split, cfg.batch_size, context)):
+        if max_batches is not None and i >= max_batches:
+            break
+        logits = logits_of(model, x.to(device))
+        flat, target = logits.reshape(-1, logits.shape[-1]).float(), y.to(device).reshape(-1)
+        loss_sum += float(F.cross_entropy(flat, target, reduction="sum"))
+        correct += int((flat.argmax(-1) == target).sum())
+        count += target.numel()
+    model.train(was_training)
+    if count == 0:
+        raise GlmcError(f"dataset '{ds.name}': the {split} split is empty")
+    return {"loss": loss_sum / count, "accuracy": correct / count}
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+def train(
+    cfg: TrainConfig,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    on_step: StepCallback | None = None,
+    stop_after: int | None = None,
+) -> dict[str, Any]:
+    """Train ``cfg`` and write the model folder ``out_dir``; return the training record.
+
+    ``out_dir`` receives ``config.json`` + ``model.safetensors`` (loadable with
+    ``from_pretrained``), ``glmc_tokenizer.json`` for text, and ``glmc_train.json`` (the record
+    returned here: config, data summary, model size, and the log of train/val losses, final test
+    metrics and timings). While training, checkpoints go to ``.<name>.ckpt/`` beside
+    ``out_dir``; they are removed once ``out_dir`` is complete.
+
+    Args:
+        cfg: the run.
+        out_dir: the output model folder (replaced atomically at the end if it exists).
+        resume: continue from ``out_dir``'s checkpoint (same config required); with no
+            checkpoint, return the finished run's record if ``out_dir`` holds this run, else
+            start from step 0.
+        progress: show a rich progress bar on stderr (nothing is printed when False).
+        on_step: called as ``on_step(step, train_loss)`` after every step (and its checkpoint).
+        stop_after: raise :class:`TrainingStopped` right after this step (tests, to simulate a
+            kill).
+
+    Raises:
+        GlmcError: bad options, unsuitable data, a mismatched checkpoint, or a diverged run; all
+            data and checkpoint checks happen before the first step.
+    """
+    cfg.validate()
+    out = Path(out_dir)
+    _check_out(out)
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise GlmcError("--device cuda requested but CUDA is not available")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(cfg.num_threads)
+    forked = [device.index or 0] if device.type == "cuda" else []
+    try:
+        # fork_rng: an in-process caller's global RNG is the same before and after.
+        with torch.random.fork_rng(devices=forked):
+            return _run(cfg, out, device, resume, progress, on_step, stop_after)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run(
+    cfg: TrainConfig, out: Path, device: torch.device, resume: bool, progress: bool,
+    on_step: StepCallback | None, stop_after: int | None,
+) -> dict[str, Any]:
+    say = _notice if progress else (lambda msg: None)
+    ds = load_training_data(cfg)
+    hf = hf_config(cfg, ds)
+    summary = data_summary(ds)
+    ckpt_file = checkpoint_path(out)
+    state = None
+    if resume:
+        if ckpt_file.is_file():
+            state = load_checkpoint(ckpt_file)
+            _check_resumable(state, cfg, ds, summary, ckpt_file)
+        else:
+            done = _finished_record(out, cfg)
+            if done is not None:
+                say(f"{out} already holds this finished run; nothing to resume")
+                return done
+            say(f"no checkpoint at {ckpt_file}; starting from step 0")
+    else:
+        remove_checkpoint(out)  # a stale checkpoint of another run must never be resumed
+
+    torch.manual_seed(cfg.seed)
+    model = build_model(hf).to(device)
+    model.train()
+    opt, sched = make_optimizer(model, cfg)
+    stream = BatchStream(ds, cfg, torch.Generator().manual_seed(cfg.seed))
+    log: dict[str, Any] = {
+        "steps": 0, "train": [], "val": [], "test": None, "resumed_at": [],
+        "wall_time_s": 0.0, "step_time_s": 0.0, "steps_per_s": None,
+    }
+    step, pending = 0, []
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        stream.load_state_dict(state["stream"])
+        torch.set_rng_state(state["torch_rng"])
+        if device.type == "cuda" and "cuda_rng" in state:
+            torch.cuda.set_rng_state(state["cuda_rng"], device)
+        log, step, pending = state["log"], int(state["step"]), list(state["pending"])
+        log["resumed_at"].append(step)
+        say(f"resuming {out} from step {step}")
+
+    base_wall, started = log["wall_time_s"], time.perf_counter()
+
+    def checkpoint() -> None:
+        log["wall_time_s"] = base_wall + time.perf_counter() - started
+        payload = {
+            "config": json.dumps(cfg.to_json()), "data": json.dumps(summary),
+            "hf_config": hf.to_json_string(use_diff=False), "log": json.dumps(log), "step": step,
+            "pending": pending, "model": model.state_dict(), "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(), "stream": stream.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        if device.type == "cuda":
+            payload["cuda_rng"] = torch.cuda.get_rng_state(device)
+        save_checkpoint(ckpt_file, payload)
+
+    with _ProgressBar(progress, cfg.steps, step, log) as bar:
+        while step < cfg.steps:
+            t0 = time.perf_counter()
+            x, y = stream.next()
+            x, y = x.to(device), y.to(device)
+            logits = logits_of(model, x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            lr = opt.param_groups[0]["lr"]
+            opt.step()
+            sched.step()
+            step += 1
+            value = loss.item()
+            log["step_time_s"] += time.perf_counter() - t0
+            if not math.isfinite(value):
+                raise GlmcError(f"training diverged: loss {value} at step {step} (lower --lr "
+                                "or raise --warmup)")
+            pending.append(value)
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                log["train"].append({"step": step, "loss": sum(pending) / len(pending),
+                                     "lr": lr})
+                pending = []
+            if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+                log["val"].append({"step": step, **evaluate(model, ds, cfg, "val",
+                                                            cfg.eval_batches)})
+            log["steps"] = step
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+                checkpoint()
+            bar.update(step, value, log)
+            if on_step is not None:
+                on_step(step, value)
+            if stop_after is not None and step >= stop_after:
+                raise TrainingStopped(f"stopped after step {step}")
+
+    log["test"] = evaluate(model, ds, cfg, "test")
+    log["wall_time_s"] = base_wall + time.perf_counter() - started
+    log["steps_per_s"] = step / log["step_time_s"] if log["step_time_s"] > 0 else None
+    record = _record(cfg, summary, model, log)
+    with atomic_dir(out) as tmp:
+        with _hf_progress_bars(False):
+            # save_original_format=False: keep transformers 5 tensor names (vit.layers.N...),
+            # which glmc's importers read, rather than the legacy hub names.
+            model.to("cpu").save_pretrained(str(tmp), save_original_format=False)
+        if isinstance(ds, TextDataset):
+            save_tokenizer(tmp, ds.tokenizer)
+        with atomic_path(tmp / TRAIN_FILE) as f:
+            f.write_text(json.dumps(record, indent=2) + "\n")
+    remove_checkpoint(out)
+    return record
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _hf_progress_bars(enabled: bool) -> Iterator[None]:
+    """Switch transformers' tqdm bars (e.g. "Writing model shards") on or off, then restore."""
+    hf_logging = transformers.utils.logging
+    before = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
+
+
+def _notice(msg: str) -> None:
+    print(f"glmc train: {msg}", file=sys.stderr)
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an output path that is a file or a non-empty folder that is not a model folder
+    (the final write replaces the folder wholesale)."""
+    if out.exists() and not out.is_dir():
+        raise GlmcError(f"{out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
+        raise GlmcError(f"{out} is a non-empty folder without config.json; refusing to replace "
+                        "it (choose another -o)")
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
+    keys = [k for k in new if old.get(k) != new[k]]
+    return ", ".join(f"{k}={old.get(k)!r} (requested {new[k]!r})" for k in keys)
+
+
+def _check_resumable(
+    state: dict[str, Any], cfg: TrainConfig, ds: Dataset, summary: dict[str, Any], where: Path
+) -> None:
+    """The checkpoint must be of this config and this data."""
+    old = TrainConfig.from_json(state["config"], str(where)).identity()
+    if old != cfg.identity():
+        raise GlmcError(f"cannot resume: {where} was made with {_differences(old, cfg.identity())}"
+                        "; drop --resume to start over")
+    old_hf = state["hf_config"]
+    hf_class = GPT2Config if old_hf.get("model_type") == "gpt2" else ViTConfig
+    check_fits(hf_class.from_dict(old_hf), ds, cfg)
+    if state["data"] != summary:
+        diff = [k for k in summary if state["data"].get(k) != summary[k]]
+        raise GlmcError(f"cannot resume: the data '{cfg.data}' differ from those of {where} "
+                        f"({', '.join(diff)} changed); drop --resume to start over")
+
+
+def _finished_record(out: Path, cfg: TrainConfig) -> dict[str, Any] | None:
+    """The record of a finished run in ``out`` if it is ``cfg``'s run; error if another run's."""
+    path = out / TRAIN_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        old = TrainConfig.from_json(record["config"], str(path)).identity()
+    except (ValueError, KeyError, TypeError) as e:
+        raise GlmcError(f"{path}: not a glmc training record ({e})") from None
+    if old != cfg.identity():
+        raise GlmcError(f"cannot resume: {out} holds a finished run with "
+                        f"{_differences(old, cfg.identity())}; drop --resume to retrain")
+    return record
+
+
+def _record(cfg: TrainConfig, summary: dict[str, Any], model: nn.Module,
+            log: dict[str, Any]) -> dict[str, Any]:
+    try:
+        glmc_version = metadata.version("glmc")
+    except metadata.PackageNotFoundError:
+        glmc_version = None
+    return {
+        "format": RECORD_FORMAT,
+        "arch": cfg.arch,
+        "data": cfg.data,
+        "seed": cfg.seed,
+        "data_seed": cfg.data_seed,
+        "config": cfg.to_json(),
+        "dataset": summary,
+        "model": {"class": type(model).__name__,
+                  "n_params": sum(p.numel() for p in model.parameters())},
+        "log": log,
+        "versions": {"glmc": glmc_version, "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+    }
+
+
+class _ProgressBar(contextlib.AbstractContextManager):
+    """A rich bar on stderr with step, train loss and the last validation loss (or nothing)."""
+
+    def __init__(self, enabled: bool, total: int, start: int, log: dict[str, Any]) -> None:
+        self.progress = None
+        if enabled:
+            self.progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}  val {task.fields[val]}"),
+                TimeElapsedColumn(), TimeRemainingColumn(),
+                console=Console(stderr=True),
+            )
+            self.task = self.progress.add_task("train", total=total, completed=start,
+                                               loss="-", val=_last_val(log))
+
+    def __enter__(self) -> _ProgressBar:
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def update(self, step: int, loss: float, log: dict[str, Any]) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step, loss=f"{loss:.4f}",
+                                 val=_last_val(log))
+
+
+def _last_val(log: dict[str, Any]) -> str:
+    return f"{log['val'][-1]['loss']:.4f}" if log["val"] else "-"

@@ -1,0 +1,193 @@
+"""Learned matching: planted recovery from a perturbed start, resume, data parallelism."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import GPT2Config
+
+from glmc.api import interpolate
+from glmc.data.text import text_dataset
+from glmc.matching.learned import LearnedMatchingOptions, learned_matching, task_loss
+from glmc.matching.weight import weight_matching
+from glmc.models.importers import IMPORTERS
+from glmc.symmetry.groups import Matrix, Permutation
+from glmc.symmetry.transform import Transform
+
+TEXT = "the quick brown fox jumps over the lazy dog; pack my box with five dozen jugs. " * 60
+
+
+@pytest.fixture(scope="module")
+def data():
+    return text_dataset("toy", TEXT, context=16)
+
+
+@pytest.fixture(scope="module")
+def planted(data):
+    """A briefly trained tiny GPT-2 A, B = g·A, and the weight-matching transform."""
+    torch.manual_seed(0)
+    imp = IMPORTERS["gpt2"]
+    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=data.vocab_size, n_positions=16,
+                     bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)
+    stock = imp.stock_model(cfg)
+    opt = torch.optim.AdamW(stock.parameters(), 3e-3)
+    gen = torch.Generator().manual_seed(0)
+    for _, (x, y) in zip(range(150), data.batches("train", 32, 16, generator=gen), strict=False):
+        loss = task_loss(stock(input_ids=x).logits, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    a = imp.to_canonical(cfg, {k: v.detach() for k, v in stock.state_dict().items()})
+    g = Transform.random(a.spec, torch.Generator().manual_seed(1), torch.float32,
+                         subgroups={"residual": "fix_ones"})
+    b = a.transformed(g)
+    return a, b, weight_matching(a, b).transform
+
+
+def perturbed(t: Transform) -> Transform:
+    """Weight matching's answer with units and heads swapped and the residual map rotated."""
+    els = dict(t.elements)
+    p = els["mlp.0"].perm.clone()
+    p[[0, 1, 2, 3]] = p[[3, 2, 1, 0]]
+    els["mlp.0"] = Permutation(p)
+    h = els["heads.1"]
+    els["heads.1"] = Permutation(h.perm[[1, 0, 2, 3]], h.block)
+    w = torch.randn(32, 32, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    c = torch.eye(32, dtype=torch.float64) - 1 / 32
+    r = torch.linalg.matrix_exp(0.1 * c @ (w - w.T) / 2 @ c)
+    els["res"] = Matrix(r.float() @ els["res"].matrix(torch.float32), True)
+    return Transform(els)
+
+
+def midpoint_barrier(a, b, t: Transform, data) -> float:
+    """Loss at λ = 0.5 minus the mean endpoint loss (A and π(B) compute the same function)."""
+    def loss(model) -> float:
+        mod = model.module(torch.float32)
+        with torch.no_grad():
+            vals = [float(task_loss(mod(x), y)) for x, y in data.eval_batches("val", 64)]
+        return sum(vals) / len(vals)
+
+    aligned = b.transformed(t)
+    mid = a.with_state(interpolate(a.state, aligned.state, 0.5))
+    return loss(mid) - (loss(a) + loss(aligned)) / 2
+
+
+def test_planted_pair_reaches_zero_barrier_from_a_perturbed_start(planted, data):
+    a, b, wm = planted
+    start = perturbed(wm)
+    before = midpoint_barrier(a, b, start, data)
+    opts = LearnedMatchingOptions(steps=300, eval_every=50, lr=3e-2, patience=0)
+    result = learned_matching(a, b, data, start, opts)
+    after = midpoint_barrier(a, b, result.transform, data)
+    assert before > 5e-3, before  # the perturbation does cost something
+    assert after < 2e-3, (before, after)
+    assert result.distance["res"]["frobenius"] > 0  # it moved
+    # The learned transform is still a symmetry: π(B) computes B's function.
+    x = torch.randint(0, data.vocab_size, (2, 16))
+    with torch.no_grad():
+        ref = b.module(torch.float32)(x)
+        got = b.transformed(result.transform).module(torch.float32)(x)
+    assert (ref - got).abs().max() < 1e-4
+
+
+def test_resume_gives_the_same_latents(planted, data, tmp_path):
+    a, b, wm = planted
+    ckpt = tmp_path / "latents.pt"
+    base = dict(steps=20, eval_every=5, patience=0, checkpoint=str(ckpt), checkpoint_every=5)
+    straight = learned_matching(a, b, data, wm, LearnedMatchingOptions(**base))
+    ckpt.unlink()
+
+    calls = {"n": 0}
+
+    def killer(step, loss, val):
+        calls["n"] += 1
+        if step == 12:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        learned_matching(a, b, data, wm, LearnedMatchingOptions(**base), progress=killer)
+    resumed = learned_matching(a, b, data, wm, LearnedMatchingOptions(**base, resume=True))
+    for s, e in straight.transform.elements.items():
+        assert torch.equal(e.matrix(torch.float64), resumed.transform.elements[s].matrix(
+            torch.float64)), s
+    assert straight.best_val == resumed.best_val
+
+
+def test_resume_refuses_other_options(planted, data, tmp_path):
+    from glmc.errors import GlmcError
+
+    a, b, wm = planted
+    ckpt = tmp_path / "latents.pt"
+    learned_matching(a, b, data, wm, LearnedMatchingOptions(steps=4, checkpoint=str(ckpt)))
+    with pytest.raises(GlmcError, match="other options"):
+        learned_matching(a, b, data, wm, LearnedMatchingOptions(
+            steps=4, lr=0.5, checkpoint=str(ckpt), resume=True))
+
+
+def test_bad_lambda_distribution(planted, data):
+    from glmc.errors import GlmcError
+
+    a, b, wm = planted
+    with pytest.raises(GlmcError, match="λ distribution"):
+        learned_matching(a, b, data, wm, LearnedMatchingOptions(steps=1, lam="beta:1"))
+
+
+WORKER = r"""
+import sys, torch
+torch.set_num_threads(1)
+sys.path.insert(0, {tests!r})
+from glmc.distributed import process_group, is_main
+from test_learned import TEXT
+from glmc.data.text import text_dataset
+from glmc.matching.learned import LearnedMatchingOptions, learned_matching
+from glmc.symmetry.transform import Transform
+state = torch.load({pair!r}, weights_only=True)
+from glmc.models.model import CanonicalModel
+from glmc.models.canonical import CanonicalConfig
+import json
+cfg = CanonicalConfig.from_json(json.loads(open({cfg!r}).read()))
+a, b = CanonicalModel(cfg, state["a"]), CanonicalModel(cfg, state["b"])
+init = Transform.load({init!r})
+with process_group():
+    r = learned_matching(a, b, text_dataset("toy", TEXT, context=16), init,
+                         LearnedMatchingOptions(steps=6, batch_size=8, eval_every=3, patience=0,
+                                                dtype="float64"))
+    if is_main():
+        r.transform.save({out!r})
+"""
+
+
+def test_two_processes_match_one(planted, tmp_path):
+    """torchrun with 2 ranks (each half of the global batch) gives the single-process latents.
+
+    In float64: Adam turns float32 rounding in near-zero gradient components into steps of
+    size lr, which would hide what this test checks (the all-reduce).
+    """
+    import json
+
+    a, b, wm = planted
+    torch.save({"a": a.state, "b": b.state}, tmp_path / "pair.pt")
+    (tmp_path / "cfg.json").write_text(json.dumps(a.config.to_json()))
+    wm.save(tmp_path / "init.safetensors")
+    outs = {}
+    for n in (1, 2):
+        out = tmp_path / f"out{n}.safetensors"
+        script = tmp_path / f"worker{n}.py"
+        script.write_text(WORKER.format(tests=str(Path(__file__).parent),
+                                        pair=str(tmp_path / "pair.pt"),
+                                        cfg=str(tmp_path / "cfg.json"),
+                                        init=str(tmp_path / "init.safetensors"), out=str(out)))
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={n}", str(script)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs[n] = Transform.load(out)
+    for s, e in outs[1].elements.items():
+        diff = (e.matrix(torch.float64) - outs[2].elements[s].matrix(torch.float64)).abs().max()
+        assert diff < 1e-6, (s, float(diff))
