@@ -8,6 +8,7 @@ patch_embeddings.projection}``, ``vit.layers.N.attention.{q,k,v,o}_proj``,
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -25,11 +26,38 @@ from glmc.models.importers.base import (
 from glmc.models.model import CanonicalModel
 from glmc.models.rewrite import centre, fold_norm
 
+# transformers' save_pretrained still writes the original hub names; read both layouts.
+_ORIGINAL_NAMES = [
+    (re.compile(r"^vit\.encoder\.layer\.(\d+)\.attention\.attention\.query\."),
+     r"vit.layers.\1.attention.q_proj."),
+    (re.compile(r"^vit\.encoder\.layer\.(\d+)\.attention\.attention\.key\."),
+     r"vit.layers.\1.attention.k_proj."),
+    (re.compile(r"^vit\.encoder\.layer\.(\d+)\.attention\.attention\.value\."),
+     r"vit.layers.\1.attention.v_proj."),
+    (re.compile(r"^vit\.encoder\.layer\.(\d+)\.attention\.output\.dense\."),
+     r"vit.layers.\1.attention.o_proj."),
+    (re.compile(r"^vit\.encoder\.layer\.(\d+)\.intermediate\.dense\."), r"vit.layers.\1.mlp.fc1."),
+    (re.compile(r"^vit\.encoder\.layer\.(\d+)\.output\.dense\."), r"vit.layers.\1.mlp.fc2."),
+    (re.compile(r"^vit\.encoder\.layer\.(\d+)\."), r"vit.layers.\1."),
+]
+
 
 @register
 class ViTImporter(Importer):
     name = "vit"
     model_types = ("vit",)
+
+    def normalize_keys(self, state: StateDict) -> StateDict:
+        out = {}
+        for k, v in state.items():
+            if k.startswith("vit.pooler."):  # ViTModel's pooler: the classifier never reads it
+                continue
+            for pattern, repl in _ORIGINAL_NAMES:
+                k, n = pattern.subn(repl, k)
+                if n:
+                    break
+            out[k] = v
+        return out
 
     def config_class(self) -> type:
         return ViTConfig
