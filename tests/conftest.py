@@ -25,6 +25,11 @@ from glmc.models.importers import IMPORTERS, Importer  # noqa: E402
 from glmc.models.model import CanonicalModel  # noqa: E402
 from glmc.verify import random_inputs  # noqa: E402
 
+# The models here are tiny: one thread is as fast, and far more robust when other processes
+# compete for the CPUs (spinning BLAS threads slow a loaded 2-core machine down many-fold).
+if "OMP_NUM_THREADS" not in os.environ:
+    torch.set_num_threads(1)
+
 settings.register_profile(
     "ci", derandomize=True, deadline=None, database=None, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -143,9 +148,8 @@ def rel_weight_distance(a: CanonicalModel, b: CanonicalModel) -> float:
     return (num / den) ** 0.5
 
 
-@dataclass(frozen=True)
 class Helpers:
-    """The builders, as one fixture value."""
+    """The builders, as one fixture value (``h``)."""
 
     make_tiny = staticmethod(make_tiny)
     canonical_output = staticmethod(canonical_output)

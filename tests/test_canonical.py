@@ -46,7 +46,7 @@ def test_canonical_model_is_centred_and_has_a_valid_spec(h, arch):
     assert canon.uncentred_writer() is None
     spec = canon.spec  # validated against the state's shapes
     assert set(spec.axes) == set(canon.state)
-    for name, axis, var in spec.occurrences("res"):
+    for name, axis, _ in spec.occurrences("res"):
         x = canon.state[name]
         # Writers, and the readers inside blocks, have no all-ones component. (GPT-2's head
         # reads norm_f.bias, which has one, so it cannot be centred.)

@@ -40,14 +40,8 @@ def cli(capsys):
 
 
 def save(tiny, path):
-    """An HF folder of ``tiny`` (float32). GPT-2 through save_pretrained; ViT through glmc's
-    stock writer, since transformers 5 writes ViT's legacy key names that glmc cannot read
-    yet (see test_verify_reads_save_pretrained_folders)."""
-    if tiny.arch == "gpt2":
-        tiny.stock.to(torch.float32).save_pretrained(path)
-    else:
-        path.mkdir(parents=True)
-        assert write_model(path, tiny.canonical().to(torch.float32)) == "hf"
+    """An HF folder of ``tiny`` (float32), written by transformers' save_pretrained."""
+    tiny.stock.to(torch.float32).save_pretrained(path)
     return path
 
 
@@ -148,19 +142,6 @@ def test_verify_json(cli, pair):
     assert report["equal"] is True and report["max_abs_diff"] == 0.0
 
 
-@pytest.mark.parametrize("arch", [
-    "gpt2",
-    pytest.param("vit", marks=pytest.mark.xfail(
-        strict=True, reason="ViTImporter cannot read the legacy key names that transformers 5 "
-        "save_pretrained writes (vit.encoder.layer.N.attention.attention.query, ...)")),
-])
-def test_verify_reads_save_pretrained_folders(h, cli, tmp_path, arch):
-    tiny = h.make_tiny(arch, dtype=torch.float32)
-    tiny.stock.save_pretrained(tmp_path / "m")
-    rc, out, err = cli("verify", tmp_path / "m", tmp_path / "m")
-    assert rc == 0, err
-
-
 # -- align ---------------------------------------------------------------------------------
 
 
@@ -214,7 +195,8 @@ def test_align_token_counts_file(cli, gpt2_folder, tmp_path):
 # -- merge ---------------------------------------------------------------------------------
 
 
-def test_merge_of_a_planted_pair(h, cli, tmp_path, arch):
+@pytest.mark.parametrize("options", [[], ["--heads", "circuit"]], ids=["inner", "circuit"])
+def test_merge_of_a_planted_pair(h, cli, tmp_path, arch, options):
     """B = g·A (g fixes the all-ones direction, so B is a stock folder): the aligned merge is
     A's function, the plain average is not."""
     a = save(h.make_tiny(arch, seed=1), tmp_path / "a")
@@ -222,11 +204,12 @@ def test_merge_of_a_planted_pair(h, cli, tmp_path, arch):
     b = tmp_path / "b"
     g = moving_every_head(random_transform(model, residual="fix_ones"), model.spec)
     assert write_copy(b, model.transformed(g)) == "hf"
-    rc, _, err = cli("merge", a, b, "-o", tmp_path / "aligned", "--align", "weight")
+    rc, _, err = cli("merge", a, b, "-o", tmp_path / "aligned", "--align", "weight", *options)
     assert rc == 0, err
     assert cli("verify", a, tmp_path / "aligned")[0] == 0
-    STOCK_CLASSES[arch].from_pretrained(tmp_path / "aligned", local_files_only=True)
-    rc, _, err = cli("merge", a, b, "-o", tmp_path / "plain", "--align", "none")
+    if not options:  # circuit form is no stock architecture
+        STOCK_CLASSES[arch].from_pretrained(tmp_path / "aligned", local_files_only=True)
+    rc, _, err = cli("merge", a, b, "-o", tmp_path / "plain", "--align", "none", *options)
     assert rc == 0, err
     assert cli("verify", a, tmp_path / "plain")[0] == 1
     report = json.loads((tmp_path / "plain" / "glmc_report.json").read_text())
@@ -324,16 +307,36 @@ BREAKERS = {f.__name__.removeprefix("_break_"): f for f in (
 @pytest.mark.parametrize("breaker", list(BREAKERS))
 def test_bad_input_is_a_one_line_error(h, cli, tmp_path, gpt2_folder, command, breaker):
     good = save(h.make_tiny("gpt2", seed=2), tmp_path / "good")
-    bad, message = BREAKERS[breaker](gpt2_folder)
+    named, message = BREAKERS[breaker](gpt2_folder)  # the file the error must name
     extra = [] if command == "verify" else ["-o", tmp_path / "out"]
-    rc, out, err = cli(command, good, bad, *extra)
+    rc, out, err = cli(command, good, gpt2_folder, *extra)
     assert rc == 2
     assert "Traceback" not in err + out
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith(f"glmc {command}: error: ")
-    assert str(bad) in lines[0] and message in lines[0]
+    assert str(named) in lines[0] and message in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_sharded_checkpoints(h, cli, tmp_path):
+    folder = tmp_path / "sharded"
+    h.make_tiny("gpt2", dtype=torch.float32).stock.save_pretrained(folder, max_shard_size="20KB")
+    shards = sorted(folder.glob("model-*.safetensors"))
+    assert len(shards) > 1 and not (folder / "model.safetensors").exists()
+    assert cli("verify", folder, folder)[0] == 0
+    shards[0].unlink()
+    rc, _, err = cli("verify", folder, folder)
+    assert rc == 2 and f"{shards[0]}: shard named in model.safetensors.index.json" in err
+
+
+def test_align_replaces_an_existing_output_folder(cli, gpt2_folder, tmp_path):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "stale.txt").write_text("old result")
+    assert cli("align", gpt2_folder, gpt2_folder, "-o", out_dir)[0] == 0
+    assert not (out_dir / "stale.txt").exists() and (out_dir / "transform.safetensors").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "out"]  # no temp, no .old
 
 
 def test_pickle_checkpoint_loads_with_allow_pickle(cli, gpt2_folder):

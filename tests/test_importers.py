@@ -104,15 +104,7 @@ def test_non_stock_models_write_glmc_folders(h, arch, case, tmp_path):
     assert h.rel_diff(tiny.logits(x), h.canonical_output(back.canonical, x)) < F64_TOL
 
 
-VIT_LEGACY_KEYS = pytest.mark.xfail(
-    strict=True, reason="transformers 5 save_pretrained writes ViT's legacy key names "
-    "(vit.encoder.layer.N.attention.attention.query, ...); ViTImporter has no normalize_keys")
-
-
-@pytest.mark.parametrize(("arch", "opts"), [
-    pytest.param(a, o, id=i, marks=VIT_LEGACY_KEYS if a == "vit" else ())
-    for (a, o), i in zip(VARIANTS, VARIANT_IDS, strict=True)
-])
+@pytest.mark.parametrize(("arch", "opts"), VARIANTS, ids=VARIANT_IDS)
 def test_load_model_reads_save_pretrained_folders(h, arch, opts, tmp_path):
     tiny = h.make_tiny(arch, **opts)
     tiny.stock.save_pretrained(tmp_path)

@@ -74,15 +74,15 @@ def check(h, arch: str, opts: dict, case: str, g_seed: int, dtype: torch.dtype, 
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@settings(max_examples=6)
+@settings(max_examples=12)
 @given(cfg=tiny_configs(), g_seed=st.integers(0, 2**16))
 def test_group_elements_preserve_function_float64(h, case, cfg, g_seed):
     arch, opts = cfg
     check(h, arch, opts, case, g_seed, torch.float64)
 
 
-@pytest.mark.parametrize("case", ["residual-orthogonal", "full-group"])
-@settings(max_examples=6)
+@pytest.mark.parametrize("case", ["residual-orthogonal", "heads-inner-invertible", "full-group"])
+@settings(max_examples=8)
 @given(cfg=tiny_configs(), g_seed=st.integers(0, 2**16))
 def test_group_elements_preserve_function_float32(h, case, cfg, g_seed):
     arch, opts = cfg
@@ -90,7 +90,7 @@ def test_group_elements_preserve_function_float32(h, case, cfg, g_seed):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-@settings(max_examples=8)
+@settings(max_examples=10)
 @given(cfg=tiny_configs(), g_seed=st.integers(0, 2**16))
 def test_circuit_form_group_elements_preserve_function(h, dtype, cfg, g_seed):
     """Circuit form: residual orthogonal, head permutations, MLP permutations."""
