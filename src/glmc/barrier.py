@@ -41,6 +41,7 @@ from glmc.evaluate import (
     load_eval_data,
     resolve_device,
 )
+from glmc.matching.learned import LearnedMatchingOptions
 from glmc.models.circuit import to_circuit
 from glmc.models.model import CanonicalModel
 
@@ -111,6 +112,8 @@ class AlignOptions:
         progress: callback(iteration, objective) of the matching.
         dataset: the loaded dataset, for data-driven methods (they train on its ``train``
             split); :func:`run_barrier` fills it in when None.
+        dtype: precision the models are aligned in; evaluation is float32 regardless.
+        learned: learned matching's options (its residual group follows the method).
     """
 
     heads: str = "inner"
@@ -120,6 +123,8 @@ class AlignOptions:
     token_counts: torch.Tensor | None = None
     progress: Callable[[int, float], None] | None = None
     dataset: Dataset | None = None
+    dtype: torch.dtype = torch.float32
+    learned: LearnedMatchingOptions | None = None
 
 
 AlignFn = Callable[[CanonicalModel, CanonicalModel, AlignOptions], CanonicalModel]
@@ -168,11 +173,26 @@ def _weight(residual: str) -> AlignFn:
     return fn
 
 
+def _learned(residual: str) -> AlignFn:
+    def fn(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> CanonicalModel:
+        from glmc.api import align
+
+        return align(a, b, method="learned", residual=residual, heads=o.heads,
+                     max_iter=o.max_iter, tol=o.tol, token_counts=o.token_counts,
+                     data=o.dataset, learned=o.learned, progress=o.progress).aligned
+
+    return fn
+
+
 register_method("none", _none, "no alignment: vanilla averaging")
 register_method("weight", _weight("orthogonal"),
                 "weight matching, orthogonal residual map (data-free)")
 register_method("weight-perm", _weight("permutation"),
                 "weight matching, permutation-only residual map (the paper's ablation)")
+register_method("learned", _learned("orthogonal"),
+                "learned matching on the training split, from weight matching's solution")
+register_method("learned-perm", _learned("permutation"),
+                "learned matching with a permutation-only residual map (the paper's ablation)")
 
 
 # -- the report ---------------------------------------------------------------------------
@@ -400,13 +420,14 @@ def run_barrier(
     evaluator = Evaluator(ma.config, batches, device=dev)
     classifier = ma.config.task == "image_classifier"
 
+    wa, wb = ma.to(options.dtype), mb.to(options.dtype)  # what the methods align
     results: dict[str, MethodResult] = {}
     for name in methods:
         method = get_method(name)
         if progress is not None:
             progress(name, "align", 0, 1)
         t1 = time.perf_counter()
-        aligned = method.fn(ma, mb, options)
+        aligned = method.fn(wa, wb, options)
         if options.heads == "circuit":
             aligned = to_circuit(aligned)
         t_align = time.perf_counter() - t1
@@ -432,11 +453,11 @@ def run_barrier(
             t_align, t_eval)
 
     warnings = _endpoint_warnings(results)
+    data_name = str(data) if isinstance(data, (str, Path)) else str(ds.name)
     return BarrierReport(
-        _describe(a), _describe(b), str(getattr(ds, "name", data)) if not isinstance(
-            data, (str, Path)) else str(data),
-        split, ma.config.task, ctx if isinstance(ds, TextDataset) else None,
-        evaluator.count, lambdas, results, time.perf_counter() - t0, warnings, label)
+        _describe(a), _describe(b), data_name, split, ma.config.task,
+        ctx if isinstance(ds, TextDataset) else None, evaluator.count, lambdas, results,
+        time.perf_counter() - t0, warnings, label)
 
 
 def _endpoint_warnings(results: dict[str, MethodResult], rtol: float = 1e-3) -> list[str]:

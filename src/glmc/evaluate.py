@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from glmc.data import (
+    TOKENIZER_FILE,
     Dataset,
     TextDataset,
     Tokenizer,
@@ -91,7 +92,7 @@ def _folder_tokenizer(folders: Iterable[str | Path]) -> tuple[Tokenizer | None, 
         if found is not None and found[0].to_json() != tok.to_json():
             raise GlmcError(f"{found[1]} and {folder} hold different tokenizers; the models "
                             "were not trained on the same token ids")
-        found = found or (tok, Path(folder))
+        found = found or (tok, Path(folder) / TOKENIZER_FILE)
     return found if found is not None else (None, None)
 
 

@@ -70,7 +70,7 @@ def _default_title(reports: Sequence[BarrierReport]) -> str:
 def _fmt_barrier(value: float | None, percent: bool) -> str:
     if value is None:
         return "n/a"
-    return f"{100 * value:.1f} pts" if percent else f"{value:.3g}"
+    return f"{100 * value:.1f} pts" if percent else f"{value:.3f}"
 
 
 def _panel(ax, reports: Sequence[BarrierReport], metric: str, extra: dict) -> None:
@@ -101,8 +101,8 @@ def _panel(ax, reports: Sequence[BarrierReport], metric: str, extra: dict) -> No
             if b is not None and b > 0 and b_lam is not None and 0.0 < b_lam < 1.0:
                 i = lam.index(b_lam)
                 base = ys[lam.index(1.0)] * b_lam + ys[lam.index(0.0)] * (1 - b_lam)
-                ax.plot([b_lam, b_lam], [base, ys[i]], color=colour, lw=1.2, alpha=0.7,
-                        zorder=2)
+                ax.plot([b_lam, b_lam], [base, ys[i]], color=colour, lw=1.3, alpha=0.8,
+                        ls=(0, (1, 1.5)), zorder=2)
     ax.set_xlim(-0.03, 1.03)
     ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0])
     ax.set_xticklabels([_endpoint_label(reports), "0.25", "0.5", "0.75", "A\n(λ=1)"])

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 from pathlib import Path
 
 import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from glmc.api import Alignment, align, read_token_counts
 from glmc.cli.common import add_allow_pickle, add_json, console, emit_json
 from glmc.cli.main import add_command
+from glmc.cli.options import add_alignment_options, add_learned_options, learned_options
+from glmc.distributed import is_main, process_group
+from glmc.errors import GlmcError
+from glmc.evaluate import check_data_fits, load_eval_data
 from glmc.io.atomic import atomic_dir
 from glmc.io.folders import LoadedModel, load_model, write_json, write_model
 from glmc.models.model import CanonicalModel
@@ -21,22 +25,6 @@ REPORT = "glmc_report.json"
 TRANSFORM = "transform.safetensors"
 
 
-def add_alignment_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("alignment")
-    g.add_argument("--residual", choices=("orthogonal", "permutation", "none"),
-                   default="orthogonal",
-                   help="group of the residual-stream map (permutation: the paper's ablation)")
-    g.add_argument("--heads", choices=("inner", "circuit"), default="inner",
-                   help="inner: keep head_dim, align each head's inner bases (stock export); "
-                   "circuit: rewrite heads as QK/OV circuits first (glmc folder)")
-    g.add_argument("--iters", type=int, default=15, help="maximum coordinate-descent iterations")
-    g.add_argument("--tol", type=float, default=1e-5,
-                   help="stop when an iteration improves the objective by less (relative)")
-    g.add_argument("--token-counts", metavar="FILE",
-                   help="token counts (.json list or {id: count}, .npy, or text): only "
-                        "vocabulary rows of seen tokens count in the matching")
-
-
 def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel]:
     a = load_model(args.a, allow_pickle=args.allow_pickle)
     b = load_model(args.b, allow_pickle=args.allow_pickle)
@@ -44,21 +32,44 @@ def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel]:
     return a, b
 
 
-def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel) -> Alignment:
+def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel,
+                  method: str) -> Alignment:
+    """Weight matching (with a spinner), then learned matching (with a progress bar)."""
     counts = None
     if args.token_counts:
         counts = read_token_counts(args.token_counts, a.canonical.config.vocab_size)
-    quiet = getattr(args, "json", False)
-    ctx = contextlib.nullcontext() if quiet else console.status("weight matching...")
-    with ctx as status:
+    data = learned = None
+    if method == "learned":
+        if not getattr(args, "data", None):
+            raise GlmcError("learned matching trains on data: give --data")
+        cfg = a.canonical.config
+        data = load_eval_data(args.data, cfg, folders=[a.path, b.path], seed=args.seed)
+        for split in ("train", "val"):
+            check_data_fits(cfg, data, split=split, where=str(args.a))
+        learned = learned_options(args, args.out)
+    quiet = getattr(args, "json", False) or not is_main()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True, disable=quiet) as bar:
+        wm = bar.add_task("weight matching", total=args.iters)
+        lm = bar.add_task("learned matching", total=learned.steps, visible=False) if learned \
+            else None
+        state = {"barrier": "?"}
 
         def progress(it: int, obj: float) -> None:
-            if status is not None:
-                status.update(f"weight matching: iteration {it}, objective {obj:.6f}")
+            bar.update(wm, completed=it, description=f"weight matching: objective {obj:.5f}")
 
-        return align(a.canonical, b.canonical, residual=args.residual, heads=args.heads,
-                     max_iter=args.iters, tol=args.tol, token_counts=counts,
-                     progress=progress)
+        def learned_progress(step: int, loss: float, barrier: float | None) -> None:
+            if barrier is not None:
+                state["barrier"] = f"{barrier:.4f}"
+            bar.update(lm, completed=step, visible=True,
+                       description=f"learned matching: loss {loss:.4f}, "
+                       f"midpoint barrier {state['barrier']}")
+
+        return align(a.canonical, b.canonical, method=method, residual=args.residual,
+                     heads=args.heads, max_iter=args.iters, tol=args.tol, token_counts=counts,
+                     data=data, learned=learned, progress=progress,
+                     learned_progress=learned_progress)
 
 
 def write_output(out: str, model: CanonicalModel, stock: bool, extra: dict,
@@ -70,6 +81,13 @@ def write_output(out: str, model: CanonicalModel, stock: bool, extra: dict,
             transform.save(tmp / TRANSFORM)
         write_json(tmp / REPORT, {"format": fmt, **extra})
     return fmt, Path(out)
+
+
+def drop_checkpoint(args: argparse.Namespace) -> None:
+    """A finished run's learned-matching checkpoint is no longer needed."""
+    ckpt = learned_options(args, args.out).checkpoint if hasattr(args, "steps") else None
+    if ckpt:
+        Path(ckpt).unlink(missing_ok=True)
 
 
 def certify_folder(out: Path, reference: LoadedModel) -> dict:
@@ -88,25 +106,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("a", help="reference model folder (Hugging Face or glmc)")
     p.add_argument("b", help="model folder to align to A")
     p.add_argument("-o", "--out", required=True, help="output folder (written atomically)")
-    p.add_argument("--method", choices=("weight",), default="weight", help="alignment method")
+    p.add_argument("--method", choices=("weight", "learned"), default="weight",
+                   help="weight: data-free weight matching; learned: weight matching, then "
+                   "learned matching on --data")
+    p.add_argument("--data", help="training data for learned matching (name or path)")
     p.add_argument("--no-stock", action="store_true",
                    help="always write a glmc folder, even when the stock class could hold it")
     add_alignment_options(p)
+    add_learned_options(p)
     add_json(p)
     add_allow_pickle(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    with process_group():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     a, b = load_pair(args)
-    al = run_alignment(args, a, b)
+    al = run_alignment(args, a, b, args.method)
+    if not is_main():
+        return 0
     report = {"command": "align", "a": str(args.a), "b": str(args.b), "method": args.method,
               "residual": args.residual, "heads": args.heads,
-              "matching": al.match.to_json() if al.match else None}
+              "matching": al.match.to_json() if al.match else None,
+              "learned": al.learned.to_json() if al.learned else None}
     fmt, out = write_output(args.out, al.aligned.to(torch.float32), not args.no_stock, report,
                             al.transform)
     report["certificate"] = certify_folder(out, b)
+    drop_checkpoint(args)
     report["seconds"] = round(time.perf_counter() - t0, 3)
     report["format"] = fmt
     write_json(out / REPORT, report)
@@ -119,6 +150,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"aligned {args.b} to {args.a}: {len(m.trace) if m else 0} iterations, "
               f"objective {m.init_objective / m.norm if m and m.norm else 0:.4f} -> "
               f"{last:.4f}")
+        if al.learned:
+            lr = al.learned
+            print(f"learned matching: {lr.steps} steps, best midpoint barrier estimate "
+                  f"{lr.best_val - lr.baseline_val:.4f} (step {lr.best_step})")
         print(f"wrote {out} ({fmt}); aligned B vs B: max |Δ logits| = "
               f"{report['certificate']['max_abs_diff']:.3e} ({'ok' if ok else 'MISMATCH'})")
     return 0 if ok else 1

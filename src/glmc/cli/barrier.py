@@ -1,17 +1,175 @@
-"""glmc barrier (not implemented yet)."""
+"""glmc barrier A B --data D: loss and accuracy barriers on the line between A and aligned B."""
 
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from glmc.api import read_token_counts
+from glmc.barrier import (
+    METHODS,
+    AlignOptions,
+    BarrierReport,
+    get_method,
+    lambda_grid,
+    prepare_barrier,
+    run_barrier,
+)
+from glmc.cli.common import add_allow_pickle, add_json, console, emit_json
 from glmc.cli.main import add_command
+from glmc.cli.options import add_alignment_options, add_learned_options, learned_options
+from glmc.data import DATASETS, TOKENIZER_FILE, load_tokenizer
 from glmc.errors import GlmcError
+from glmc.evaluate import DEFAULT_TEXT_TOKENS, resolve_device
+from glmc.io.folders import load_model
+from glmc.plots import check_plot_path, plot_barriers
+
+DEFAULT_METHODS = ("none", "weight")
+#: Appended to a help text: hides argparse's "(default: None)" (renders as nothing).
+NO_DEFAULT = "%(default).0s"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "barrier", "Not implemented yet.", "glmc barrier --help")
+    p = add_command(
+        sub, "barrier",
+        "Measure the loss (and accuracy) barrier on the straight line between A and B, for "
+        "each alignment method: θ(λ) = λ·A + (1 − λ)·π(B) on a grid of λ (DESIGN.md §1).",
+        "glmc barrier runs/vit-a runs/vit-b --data mnist5k --align none --align weight "
+        "--plot barrier.png")
+    p.add_argument("a", help="model folder A (λ = 1, the reference)")
+    p.add_argument("b", help="model folder B (λ = 0, aligned to A)")
+    p.add_argument("--data", required=True,
+                   help="dataset name (shakespeare, mnist5k, digits, fashion-mnist) or a text "
+                   "file, .npz or IDX folder; text is encoded with the models' "
+                   "glmc_tokenizer.json" + NO_DEFAULT)
+    p.add_argument("--align", action="append", metavar="METHOD", dest="methods",
+                   help="alignment method, repeatable (available: "
+                   f"{', '.join(METHODS)}; default: {' and '.join(DEFAULT_METHODS)})"
+                   + NO_DEFAULT)
+    p.add_argument("--points", type=int, default=11, help="λ grid size, evenly spaced in [0, 1]")
+    p.add_argument("--split", choices=("train", "val", "test"), default="test",
+                   help="the evaluated split")
+    g = p.add_argument_group("evaluation")
+    g.add_argument("--context", type=int, default=None,
+                   help="text window length (default: the model's n_positions)" + NO_DEFAULT)
+    g.add_argument("--batch-size", type=int, default=None,
+                   help="windows or images per batch (default: 250 images; for text as many "
+                   "windows as keep the logits under 2**25 floats, at most 64)" + NO_DEFAULT)
+    g.add_argument("--max-batches", type=int, default=None,
+                   help="evaluate at most this many batches, 0 for the whole split (default: "
+                   f"whole split for images, the first {DEFAULT_TEXT_TOKENS:,} tokens for text)"
+                   + NO_DEFAULT)
+    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, or auto")
+    g.add_argument("--tokenizer", choices=("char", "gpt2"), default=None,
+                   help="tokenizer for text when the model folders hold no glmc_tokenizer.json "
+                   "(default: characters of the data file)" + NO_DEFAULT)
+    add_alignment_options(p, residual=False)
+    add_learned_options(p)
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="write the curves of every method as a PNG" + NO_DEFAULT)
+    p.add_argument("--title", help="plot title (default: A, B, data and split)" + NO_DEFAULT)
+    add_json(p)
+    add_allow_pickle(p)
     p.set_defaults(func=run)
 
 
+def _fmt(x: float | None, percent: bool = False) -> str:
+    if x is None or not math.isfinite(x):
+        return "n/a" if x is None else str(x)
+    return f"{100 * x:.2f}" if percent else f"{x:.4f}"
+
+
+def print_table(report: BarrierReport, out: Console) -> None:
+    """Method, loss barrier, accuracy barrier, endpoint losses (and accuracies)."""
+    cls = report.is_classifier
+    t = Table(title=f"{report.split} barriers, {len(report.lambdas)} points, "
+                    f"{report.count:,} {'images' if cls else 'tokens'}")
+    t.add_column("method", no_wrap=True)
+    t.add_column("loss barrier", justify="right", no_wrap=True)
+    if cls:
+        t.add_column("acc. barrier (pts)", justify="right", no_wrap=True)
+    t.add_column("loss A (λ=1)", justify="right")
+    t.add_column("loss B (λ=0)", justify="right")
+    if cls:
+        t.add_column("acc. A (%)", justify="right")
+        t.add_column("acc. B (%)", justify="right")
+    t.add_column("max at λ", justify="right")
+    t.add_column("seconds", justify="right")
+    for name, m in report.methods.items():
+        row = [name, _fmt(m.loss_barrier)]
+        if cls:
+            row.append(_fmt(m.acc_barrier, percent=True))
+        row += [_fmt(m.loss_a), _fmt(m.loss_b)]
+        if cls:
+            row += [_fmt(m.acc_a, True), _fmt(m.acc_b, True)]
+        where = f"{m.loss_barrier_lambda:g}" if m.loss_barrier > 0 else "-"
+        row += [where, f"{m.align_seconds + m.eval_seconds:.1f}"]
+        t.add_row(*row)
+    out.print(t)
+
+
 def run(args: argparse.Namespace) -> int:
-    raise GlmcError("glmc barrier is not implemented yet")
+    methods = list(dict.fromkeys(args.methods or DEFAULT_METHODS))
+    for name in methods:
+        get_method(name)
+    lambda_grid(args.points)
+    if args.plot:
+        check_plot_path(args.plot)
+    for opt in ("batch_size", "context"):
+        v = getattr(args, opt)
+        if v is not None and v < 1:
+            raise GlmcError(f"--{opt.replace('_', '-')} must be at least 1, got {v}")
+    resolve_device(args.device)
+    a = load_model(args.a, allow_pickle=args.allow_pickle)
+    b = load_model(args.b, allow_pickle=args.allow_pickle)
+    counts = None
+    if args.token_counts:
+        counts = read_token_counts(args.token_counts, a.canonical.config.vocab_size)
+    if (a.canonical.config.task == "causal_lm" and args.tokenizer is None
+            and load_tokenizer(a.path) is None and load_tokenizer(b.path) is None
+            and args.data.lower() not in DATASETS):
+        console.print(f"note: {args.a} and {args.b} hold no {TOKENIZER_FILE}; {args.data} is "
+                      "encoded with its own sorted characters as token ids")
+    # Every check on the data before any long work (run_barrier repeats them: cheap).
+    _, _, data, _ = prepare_barrier(a, b, args.data, methods=methods, split=args.split,
+                                    context=args.context, tokenizer=args.tokenizer,
+                                    seed=args.seed)
+    options = AlignOptions(heads=args.heads, max_iter=args.iters, tol=args.tol, seed=args.seed,
+                           token_counts=counts, learned=learned_options(args, None))
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        tasks = {m: bar.add_task(f"{m}: waiting", total=args.points) for m in methods}
+
+        def progress(method: str, stage: str, done: int, total: int) -> None:
+            if stage == "align":
+                what = "aligning" if done < total else "evaluating"
+                bar.update(tasks[method], description=f"{method}: {what}")
+            else:
+                bar.update(tasks[method], completed=done, description=f"{method}: evaluating")
+
+        report = run_barrier(a, b, data, methods=methods, points=args.points, split=args.split,
+                             context=args.context, batch_size=args.batch_size,
+                             max_batches=args.max_batches, device=args.device, seed=args.seed,
+                             options=options, progress=progress)
+    report.data = str(args.data)
+    for w in report.warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}")
+    plot_path = None
+    if args.plot:
+        plot_path = plot_barriers(report, args.plot, title=args.title)
+    if args.json:
+        out = report.to_json()
+        out["plot"] = str(plot_path) if plot_path else None
+        emit_json(out)
+    else:
+        print_table(report, Console() if sys.stdout.isatty() else Console(width=120))
+        if plot_path:
+            print(f"wrote {plot_path}")
+    return 0
+

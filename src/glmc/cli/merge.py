@@ -8,9 +8,11 @@ import time
 import torch
 
 from glmc.api import interpolate
-from glmc.cli.align import REPORT, add_alignment_options, load_pair, run_alignment, write_output
+from glmc.cli.align import REPORT, drop_checkpoint, load_pair, run_alignment, write_output
 from glmc.cli.common import add_allow_pickle, add_json, emit_json
 from glmc.cli.main import add_command
+from glmc.cli.options import add_alignment_options, add_learned_options
+from glmc.distributed import is_main, process_group
 from glmc.errors import GlmcError
 from glmc.io.folders import write_json
 from glmc.matching.weight import check_pair
@@ -27,17 +29,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("b", help="model folder B (alpha = 0)")
     p.add_argument("-o", "--out", required=True, help="output folder (written atomically)")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of model A")
-    p.add_argument("--align", choices=("none", "weight"), default="weight",
+    p.add_argument("--align", choices=("none", "weight", "learned"), default="weight",
                    help="how to align B to A before averaging")
+    p.add_argument("--data", help="training data for --align learned (name or path)")
     p.add_argument("--no-stock", action="store_true",
                    help="always write a glmc folder, even when the stock class could hold it")
     add_alignment_options(p)
+    add_learned_options(p)
     add_json(p)
     add_allow_pickle(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    with process_group():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if not 0.0 <= args.alpha <= 1.0:
         raise GlmcError(f"--alpha must lie in [0, 1], got {args.alpha}")
     t0 = time.perf_counter()
@@ -51,14 +60,18 @@ def run(args: argparse.Namespace) -> int:
             ca, cb = to_circuit(ca), to_circuit(cb)
         check_pair(ca, cb)
     else:
-        al = run_alignment(args, a, b)
+        al = run_alignment(args, a, b, args.align)
+        if not is_main():
+            return 0
         ca, cb, transform = al.a, al.aligned, al.transform
         report |= {"residual": args.residual, "heads": args.heads,
-                   "matching": al.match.to_json() if al.match else None}
+                   "matching": al.match.to_json() if al.match else None,
+                   "learned": al.learned.to_json() if al.learned else None}
     merged = ca.with_state(interpolate(ca.state, cb.state, args.alpha))
     fmt, out = write_output(args.out, merged.to(torch.float32), not args.no_stock, report,
                             transform)
     report["format"] = fmt
+    drop_checkpoint(args)
     report["seconds"] = round(time.perf_counter() - t0, 3)
     write_json(out / REPORT, report)
     if args.json:

@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--n-embd", type=int, default=d["n_embd"], help="residual width d")
     g.add_argument("--n-head", type=int, default=d["n_head"], help="attention heads")
     g.add_argument("--n-inner", "--mlp", type=int, default=d["n_inner"], dest="n_inner",
-                   help="MLP hidden width (default: 4 x n-embd)")
+                   help="MLP hidden width; unset: 4 x n-embd")
     g.add_argument("--context", type=int, default=d["context"],
                    help="GPT-2 window length (= n_positions)")
     g.add_argument("--patch-size", type=int, default=d["patch_size"],
@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--weight-decay", type=float, default=d["weight_decay"],
                    help="AdamW weight decay (matrices and embeddings only)")
     g.add_argument("--warmup", type=int, default=d["warmup"],
-                   help="linear warm-up steps before the cosine decay (default: 5%% of steps)")
+                   help="linear warm-up steps before the cosine decay; unset: 5%% of steps")
     g.add_argument("--grad-clip", type=float, default=d["grad_clip"],
                    help="maximum gradient norm (0: no clipping)")
 
@@ -75,7 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     g = p.add_argument_group("runtime")
     g.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: os.cpu_count())")
+                   help="torch threads; unset: os.cpu_count() (on a busy machine fewer is faster)")
     g.add_argument("--device", default=d["device"],
                    help="cpu or cuda (bit-identical resumption is promised on CPU)")
     add_json(p)

@@ -62,9 +62,13 @@ class LearnedResult:
     steps: int = 0
     seconds: float = 0.0
     distance: dict = field(default_factory=dict)  # from the initial (weight-matching) transform
+    #: Validation loss on the straight line between the endpoints at the eval λs: the
+    #: midpoint barrier estimate is best_val minus this.
+    baseline_val: float = math.nan
 
     def to_json(self) -> dict:
         return {"best_val": self.best_val, "best_step": self.best_step, "steps": self.steps,
+                "barrier_estimate": self.best_val - self.baseline_val,
                 "seconds": round(self.seconds, 3), "distance_from_init": self.distance,
                 "log": self.log}
 
@@ -207,7 +211,8 @@ def learned_matching(
     """Refine ``init`` (π with π(B) ≈ A, e.g. from weight matching) against the task loss.
 
     data: a glmc.data TextDataset or ImageDataset that fits the models.
-    progress: optional callable(step, loss, val or None).
+    progress: optional callable(step, loss, barrier estimate or None): the validation loss
+    at the eval λs minus the endpoints' loss interpolated linearly (a barrier estimate).
     """
     opts = opts or LearnedMatchingOptions()
     rank, world = _dist()
@@ -252,6 +257,10 @@ def learned_matching(
         best, start_step = st["best"], st["step"]
         result.best_val, result.best_step, bad_evals = st["best_val"], st["best_step"], st["bad"]
         result.log = st["log"]
+    with torch.no_grad():  # π(B) computes B's function, so λ = 0 needs no latent
+        ends = {lam: _evaluate(path, val_batches, (lam,)) for lam in (0.0, 1.0)}
+    result.baseline_val = sum(lam * ends[1.0] + (1 - lam) * ends[0.0]
+                              for lam in opts.eval_lambdas) / len(opts.eval_lambdas)
     batches = data.batches("train", opts.batch_size, context, generator=data_gen)
     t0 = time.perf_counter()
     pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
@@ -289,7 +298,8 @@ def learned_matching(
                     bad_evals += 1
             result.log.append(row)
             if progress is not None and rank == 0:
-                progress(step + 1, row["loss"], val)
+                progress(step + 1, row["loss"],
+                         None if val is None else val - result.baseline_val)
             stop = opts.patience and bad_evals >= opts.patience
             if ckpt is not None and rank == 0 and (
                     (opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0)

@@ -10,8 +10,6 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from glmc.symmetry.groups import embed_fixing_ones, ones_complement_basis
-
 
 def assignment(m: torch.Tensor, current: torch.Tensor | None = None) -> torch.Tensor:
     """perm maximising Σ_i m[i, perm[i]] (linear assignment).
@@ -39,13 +37,18 @@ def procrustes(m: torch.Tensor, fix_ones: bool) -> torch.Tensor:
     """Orthogonal Procrustes; with ``fix_ones`` the map also fixes the all-ones direction.
 
     In canonical form both models are centred, so the all-ones direction lies in both null
-    spaces of m and the unconstrained solution is arbitrary there; solving in the complement
-    keeps the result exportable to LayerNorm architectures.
+    spaces of m and the unconstrained solution is arbitrary there. Centring m and adding a
+    positive multiple of 11ᵀ/n (a block on the orthogonal complement) gives the best map of
+    the complement plus the identity on the ones direction, in one SVD.
     """
     if not fix_ones:
         return polar(m)
-    q = ones_complement_basis(m.shape[0], torch.float64)
-    return embed_fixing_ones(polar(q.T @ m.double() @ q)).to(m.dtype)
+    n = m.shape[0]
+    md = m.double()
+    c = md - md.mean(0, keepdim=True)
+    c = c - c.mean(1, keepdim=True)
+    scale = float(c.abs().max()) + 1.0
+    return polar(c + scale / n).to(m.dtype)
 
 
 def _sym_sqrt(g: torch.Tensor, inverse: bool = False) -> torch.Tensor:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -133,6 +135,7 @@ class Problem:
             if scale != 1.0:  # (no copy of the blocks: they keep weight 1)
                 sa, sb = sa * scale, sb * scale
             self.A[name], self.B[name] = sa, sb
+        self.dtype = next(iter(self.A.values())).dtype
         nested = _nested_pairs(spec)
         self.inner_of: dict[str, list[str]] = defaultdict(list)
         for inner, outer in sorted(nested):
@@ -238,39 +241,64 @@ def _current(el: dict[str, Element], space: str) -> torch.Tensor | None:
     return cur.perm if isinstance(cur, Permutation) else None
 
 
-def _solve_permutation(prob: Problem, space: str, el: dict[str, Element], bt: StateDict):
-    perm = assignment(_cross(prob, space, el, bt), _current(el, space))
-    return {space: Permutation(perm, prob.spec.spaces[space].block)}
+@dataclass
+class Proposal:
+    """One unit's step: an assignment problem, and how its solution becomes elements."""
+
+    cost: torch.Tensor
+    current: torch.Tensor | None
+    finish: Callable[[torch.Tensor], dict[str, Element]]
 
 
-def _solve_heads(prob: Problem, space: str, el: dict[str, Element], bt: StateDict):
+def _propose_permutation(prob: Problem, space: str, el: dict[str, Element],
+                         bt: StateDict) -> Proposal:
+    block = prob.spec.spaces[space].block
+    return Proposal(_cross(prob, space, el, bt), _current(el, space),
+                    lambda perm: {space: Permutation(perm, block)})
+
+
+def _propose_heads(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> Proposal:
     """Assign heads by circuit similarity, then align each matched head's inner bases."""
-    group = prob.spec.spaces[space]
-    k = group.block
+    k = prob.spec.spaces[space].block
     bundles = [bd for bd in prob.bundles if bd.space in prob.inner_of[space]]
     cost = sum(prob.bundle_gram(bd, prob.A, bt) for bd in bundles)
-    sigma = assignment(cost, _current(el, space))
-    out: dict[str, Element] = {space: Permutation(sigma, k)}
-    for bd in bundles:
-        group_in = prob.spec.spaces[bd.space]
-        xa, ya = _stack(prob.A, bd.xs), _stack(prob.A, bd.ys)
-        xb, yb = _stack(bt, bd.xs), _stack(bt, bd.ys)
-        h = xa.shape[0] // k
-        xa, ya, xb, yb = (t.view(h, k, -1) for t in (xa, ya, xb, yb))
-        # Block j of the inner map aligns B's head j to the head of A it is assigned to.
+
+    def finish(sigma: torch.Tensor) -> dict[str, Element]:
+        out: dict[str, Element] = {space: Permutation(sigma, k)}
         inv_sigma = torch.argsort(sigma)
-        blocks = align_inner(xa[inv_sigma], ya[inv_sigma], xb, yb,
-                             invertible=group_in.kind == "block_invertible")
-        out[bd.space] = BlockMatrix(blocks, orthogonal=group_in.kind != "block_invertible")
-    return out
+        for bd in bundles:
+            group_in = prob.spec.spaces[bd.space]
+            xa, ya = _stack(prob.A, bd.xs), _stack(prob.A, bd.ys)
+            xb, yb = _stack(bt, bd.xs), _stack(bt, bd.ys)
+            h = xa.shape[0] // k
+            xa, ya, xb, yb = (t.view(h, k, -1) for t in (xa, ya, xb, yb))
+            # Block j of the inner map aligns B's head j to the head of A it is assigned to.
+            invertible = group_in.kind == "block_invertible"
+            blocks = align_inner(xa[inv_sigma], ya[inv_sigma], xb, yb, invertible=invertible)
+            out[bd.space] = BlockMatrix(blocks, orthogonal=not invertible)
+        return out
+
+    return Proposal(cost, _current(el, space), finish)
 
 
-def _solve_residual(prob: Problem, space: str, el: dict[str, Element], bt: StateDict,
-                    const: torch.Tensor):
-    m = _cross(prob, space, el, bt).double() + const
+def _solve_residual(prob: Problem, space: str, el: dict[str, Element], bt_all: StateDict,
+                    const: torch.Tensor) -> Element:
+    """The residual map maximising the objective with every other element fixed.
+
+    ``bt_all`` holds B with every element applied, the current residual map T included: on
+    each of its axes B̃ = T·B̂, so A·B̂ᵀ = A·B̃ᵀ·T and nothing needs undoing. (Where the map
+    acts on a tensor twice this linearises at T, as for every quadratic term.)
+    """
+    t = el[space].matrix(torch.float64)
+    m = None
+    for n, axis, _ in prob.spec.occurrences(space):
+        if n in bt_all:
+            c = (_axis_first(prob.A[n], axis) @ _axis_first(bt_all[n], axis).T).double()
+            m = c if m is None else m + c
+    m = const if m is None else m @ t + const
     if prob.opts.residual == "permutation":
-        return {space: Permutation(assignment(m, _current(el, space)))}
-    return {space: Matrix(procrustes(m, prob.opts.fix_ones), orthogonal=True)}
+        return Permutation(assignment(m, _current(el, space)))
+    return Matrix(procrustes(m, prob.opts.fix_ones).to(prob.dtype), orthogonal=True)
 
 
 def _spectral_init(prob: Problem, space: str) -> Element:
@@ -378,50 +406,74 @@ def weight_matching(
     converged = False
     inner_spaces = {i for i, _ in _nested_pairs(spec)}
     units = [u for u in prob.units if u not in inner_spaces]
-    for it in range(opts.max_iter):
-        times: dict[str, float] = defaultdict(float)
-        start = objective
-        # 1) every non-residual unit, given the others (in canonical models they only meet
-        #    the residual space, so the order among them does not matter).
-        for unit in units:
-            t0 = time.perf_counter()
-            mine = {unit, *prob.inner_of.get(unit, [])}
-            names = sorted({n for s in mine for n, _, _ in spec.occurrences(s)})
-            own = {k: el[k] for k in mine}
-            bt = {n: unapply_axes(bt_all[n], spec.axes[n], own) for n in names}
-            solve = _solve_heads if prob.inner_of.get(unit) else _solve_permutation
-            new = solve(prob, unit, el, bt)
-            moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
-            new_terms = prob.terms(moved, prob.term_names(unit))
-            if torch.equal(new[unit].perm, el[unit].perm):
-                # Same assignment: the terms are unchanged (circuits do not see the inner maps,
-                # which may still move); comparing rounding noise would wrongly reject them.
-                el.update(new)
-                bt_all.update(moved)
-            elif sum(new_terms.values()) >= sum(terms[k] for k in new_terms):
-                el.update(new)
-                terms.update(new_terms)
-                bt_all.update(moved)
-            times[spec.roles.get(unit, "permutation")] += time.perf_counter() - t0
-        # 2) the residual map, given all the others.
-        for s in residual:
-            t0 = time.perf_counter()
-            others = {n: unapply_axes(x, spec.axes[n], {s: el[s]}) for n, x in bt_all.items()}
-            new = _solve_residual(prob, s, el, others, const[s])
-            moved = {n: apply_axes(x, spec.axes[n], new) for n, x in others.items()}
-            new_terms = prob.terms(moved)
-            new_terms[f"<solo:{s}>"] = float((new[s].matrix(const[s].dtype) * const[s]).sum())
-            if sum(new_terms.values()) >= sum(terms.values()) - 1e-12 * abs(start):
-                el.update(new)
-                terms, bt_all = new_terms, moved
-            times["residual"] += time.perf_counter() - t0
-        objective = sum(terms.values())
-        trace.append({"iteration": it + 1, "objective": objective,
-                      "normalized": objective / norm if norm else 0.0,
-                      "seconds": {k: round(v, 4) for k, v in times.items()}})
-        if progress is not None:
-            progress(it + 1, objective / norm if norm else 0.0)
-        if objective - start <= opts.tol * abs(start):
-            converged = True
-            break
+    # Permutations settle after a few iterations while the residual map keeps improving: a
+    # unit whose assignment did not change is solved again only every third iteration. The
+    # run ends only after a full sweep (every unit solved) that changed almost nothing.
+    quiet = dict.fromkeys(units, 0)
+    pool = ThreadPoolExecutor(max_workers=1)  # assignments overlap the next unit's products
+    try:
+        for it in range(opts.max_iter):
+            times: dict[str, float] = defaultdict(float)
+            start = objective
+            due = [u for u in units if quiet[u] == 0 or (it + 1 - quiet[u]) % 3 == 0]
+            full = len(due) == len(units)
+            changed = 0
+            # 1) every non-residual unit given the others (in canonical models they only meet
+            #    the residual space, so they are independent and their order is irrelevant).
+            pending = []
+            for unit in due:
+                t0 = time.perf_counter()
+                mine = {unit, *prob.inner_of.get(unit, [])}
+                names = sorted({n for s in mine for n, _, _ in spec.occurrences(s)})
+                bt = {n: unapply_axes(bt_all[n], spec.axes[n], {k: el[k] for k in mine})
+                      for n in names}
+                propose = _propose_heads if prob.inner_of.get(unit) else _propose_permutation
+                prop = propose(prob, unit, el, bt)
+                future = pool.submit(assignment, prop.cost, prop.current)
+                pending.append((unit, names, bt, prop, future, time.perf_counter() - t0))
+            for unit, names, bt, prop, future, spent in pending:
+                t0 = time.perf_counter()
+                new = prop.finish(future.result())
+                moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
+                new_terms = prob.terms(moved, prob.term_names(unit))
+                if torch.equal(new[unit].perm, el[unit].perm):
+                    # Same assignment: the terms are unchanged (circuits do not see the inner
+                    # maps, which may still move); comparing rounding noise would reject them.
+                    el.update(new)
+                    bt_all.update(moved)
+                    quiet[unit] = quiet[unit] or it + 1  # (1-based: 0 means not quiet)
+                elif sum(new_terms.values()) >= sum(terms[k] for k in new_terms):
+                    el.update(new)
+                    terms.update(new_terms)
+                    bt_all.update(moved)
+                    quiet[unit] = 0
+                    changed += 1
+                times[spec.roles.get(unit, "permutation")] += spent + time.perf_counter() - t0
+            # 2) the residual map, given all the others.
+            for s in residual:
+                t0 = time.perf_counter()
+                new_el = _solve_residual(prob, s, el, bt_all, const[s])
+                step = new_el.compose(el[s].inverse())  # new ∘ old⁻¹, applied to B̃
+                moved = {n: apply_axes(x, spec.axes[n], {s: step}) for n, x in bt_all.items()}
+                new_terms = prob.terms(moved)
+                t_new = new_el.matrix(const[s].dtype)
+                new_terms[f"<solo:{s}>"] = float((t_new * const[s]).sum())
+                if sum(new_terms.values()) >= sum(terms.values()) - 1e-12 * abs(start):
+                    el[s] = new_el
+                    terms, bt_all = new_terms, moved
+                times["residual"] += time.perf_counter() - t0
+            objective = sum(terms.values())
+            trace.append({"iteration": it + 1, "objective": objective,
+                          "normalized": objective / norm if norm else 0.0,
+                          "units_solved": len(due), "units_changed": changed,
+                          "seconds": {k: round(v, 4) for k, v in times.items()}})
+            if progress is not None:
+                progress(it + 1, objective / norm if norm else 0.0)
+            if objective - start <= opts.tol * abs(start):
+                if full and changed == 0:
+                    converged = True
+                    break
+                quiet = dict.fromkeys(units, 0)  # confirm with a full sweep
+    finally:
+        pool.shutdown()
     return MatchResult(Transform(el), trace, converged, init_objective, norm)

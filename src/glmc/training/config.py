@@ -177,6 +177,10 @@ def load_training_data(cfg: TrainConfig) -> Dataset:
         if not isinstance(ds, ImageDataset):
             raise GlmcError(f"dataset '{ds.name}' holds text, but --arch vit trains on images "
                             "(use --arch gpt2)")
+        n_train = int(ds.split("train")[1].numel())
+        if cfg.batch_size > n_train:
+            raise GlmcError(f"batch size {cfg.batch_size} exceeds the {n_train} training images "
+                            f"of '{ds.name}'")
         if ds.image_size % cfg.patch_size:
             raise GlmcError(
                 f"patch size {cfg.patch_size} does not divide the {ds.image_size}x"

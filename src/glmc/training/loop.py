@@ -228,7 +228,7 @@ def train(
             data and checkpoint checks happen before the first step.
     """
     cfg.validate()
-    out = Path(out_dir)
+    out = Path(out_dir).expanduser().absolute()  # "-o ." must still name a folder
     _check_out(out)
     device = torch.device(cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -344,6 +344,7 @@ def _run(
     log["test"] = evaluate(model, ds, cfg, "test")
     log["wall_time_s"] = base_wall + time.perf_counter() - started
     log["steps_per_s"] = step / log["step_time_s"] if log["step_time_s"] > 0 else None
+    log["threads"], log["device"] = cfg.num_threads, str(device)  # of the last segment
     record = _record(cfg, summary, model, log)
     with atomic_dir(out) as tmp:
         with _hf_progress_bars(False):

@@ -1,0 +1,62 @@
+"""Option groups shared by align, merge and barrier."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from glmc.matching.learned import LearnedMatchingOptions
+
+
+def add_alignment_options(p: argparse.ArgumentParser, residual: bool = True) -> None:
+    g = p.add_argument_group("alignment")
+    if residual:
+        g.add_argument("--residual", choices=("orthogonal", "permutation", "none"),
+                       default="orthogonal",
+                       help="group of the residual-stream map (permutation: the paper's "
+                       "ablation)")
+    g.add_argument("--heads", choices=("inner", "circuit"), default="inner",
+                   help="inner: keep head_dim, align each head's inner bases (stock export); "
+                   "circuit: rewrite heads as QK/OV circuits first (glmc folder)")
+    g.add_argument("--iters", type=int, default=15,
+                   help="maximum weight-matching iterations")
+    g.add_argument("--tol", type=float, default=1e-5,
+                   help="stop weight matching when an iteration improves the objective by "
+                   "less (relative)")
+    g.add_argument("--token-counts", metavar="FILE",
+                   help="token counts (.json list or {id: count}, .npy, or text): only "
+                   "vocabulary rows of seen tokens count in the matching")
+    g.add_argument("--seed", type=int, default=0,
+                   help="seed of the image data split and of learned matching (data order, λ)")
+
+
+def add_learned_options(p: argparse.ArgumentParser) -> None:
+    d = LearnedMatchingOptions()
+    g = p.add_argument_group("learned matching (method learned)")
+    g.add_argument("--steps", type=int, default=d.steps, help="optimisation steps (max)")
+    g.add_argument("--lr", type=float, default=d.lr, help="AdamW peak learning rate")
+    g.add_argument("--train-batch-size", type=int, default=d.batch_size,
+                   help="global batch (split over the ranks under torchrun)")
+    g.add_argument("--lam", default=d.lam,
+                   help="λ distribution: uniform:LO,HI or gaussian:MEAN,STD")
+    g.add_argument("--eval-every", type=int, default=d.eval_every,
+                   help="validate at the fixed λ = 0.5 every this many steps")
+    g.add_argument("--patience", type=int, default=d.patience,
+                   help="stop after this many validations without improvement (0: never)")
+    g.add_argument("--checkpoint-every", type=int, default=50,
+                   help="write the latents every this many steps (atomically)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue a killed learned-matching run from its checkpoint")
+
+
+def learned_options(args: argparse.Namespace, out: str | Path | None) -> LearnedMatchingOptions:
+    """The options of ``args``; the checkpoint sits beside the output (``.OUT.learned.pt``)."""
+    ckpt = None
+    if out is not None:
+        out = Path(out)
+        ckpt = str(out.with_name(f".{out.name}.learned.pt"))
+    return LearnedMatchingOptions(
+        steps=args.steps, lr=args.lr, batch_size=args.train_batch_size, lam=args.lam,
+        eval_every=args.eval_every, patience=args.patience, seed=args.seed,
+        residual=getattr(args, "residual", "orthogonal"), checkpoint=ckpt,
+        checkpoint_every=args.checkpoint_every, resume=args.resume)

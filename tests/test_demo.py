@@ -1,0 +1,39 @@
+"""`glmc demo --quick` end to end: trains tiny models, measures every method, writes reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from glmc.cli.main import main
+
+pytest.importorskip("matplotlib")
+
+
+def test_demo_quick_end_to_end(tmp_path, capsys):
+    out, cache = tmp_path / "demo", tmp_path / "cache"
+    args = ["demo", "--quick", "-o", str(out), "--cache", str(cache)]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    for title in ("vanilla averaging", "weight matching", "learned matching"):
+        assert title in text
+    results = json.loads((out / "results.json").read_text())
+    for key in ("shakespeare", "mnist"):
+        methods = results["barriers"][key]["methods"]
+        assert set(methods) == {"none", "weight", "weight-perm", "learned", "learned-perm"}
+        # Every aligned B computes B's function: the same loss at λ = 0 for every method.
+        losses_b = [m["losses"][0] for m in methods.values()]
+        assert max(losses_b) - min(losses_b) < 1e-3 * max(1.0, abs(losses_b[0]))
+        assert (out / f"barrier-{key}.png").stat().st_size > 10_000
+    assert "| vanilla averaging |" in (out / "report.md").read_text()
+    # A second run reuses the cached models instead of training again.
+    assert main(args + ["--json", "--align", "none"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["seconds"]["training"] < results["seconds"]["training"]
+    assert set(again["barriers"]["mnist"]["methods"]) == {"none"}
+
+
+def test_demo_rejects_unknown_method(capsys):
+    assert main(["demo", "--quick", "--align", "bogus"]) == 2
+    assert "unknown alignment method" in capsys.readouterr().err
