@@ -64,6 +64,7 @@ def run_one(name: str, iters: int, tol: float, residual: str) -> dict:
         "by_kind_s": {k: round(v, 2) for k, v in kinds.items()},
         "objective_init": round(result.init_objective / result.norm, 6),
         "objective_final": round(result.trace[-1]["normalized"], 6),
+        "trace": [(r["normalized"], r["units_solved"], r["units_changed"]) for r in result.trace],
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "threads": torch.get_num_threads(),
     }

@@ -214,25 +214,26 @@ class Problem:
 
 
 def _cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> torch.Tensor:
-    """M = Σ over (tensor, axis) of ``space``: A_axis-first · B̃_axis-firstᵀ.
+    """M = Σ over (tensor, axis) of ``space``: A_axis-first · B̃_axis-firstᵀ, (n, n) float32.
 
-    ``bt`` holds B with every space but ``space`` applied (tensors it lacks are skipped).
-    Where the space acts on a tensor twice (a circuit-form attention weight) the term is
-    quadratic: it is linearised at the current element, applied on the other axis.
+    ``bt`` holds B with every space but ``space`` applied (tensors it lacks are skipped). The
+    occurrences are concatenated into one product. Where the space acts on a tensor twice (a
+    circuit-form attention weight) the term is quadratic: it is linearised at the current
+    element, applied on the other axis.
     """
-    m = None
     counts: dict[str, int] = defaultdict(int)
     for n, _, _ in prob.spec.occurrences(space):
         counts[n] += 1
+    left, right = [], []
     for n, axis, _ in prob.spec.occurrences(space):
         if n not in bt:
             continue
         b = bt[n]
         if counts[n] > 1:
             b = apply_axes(b, prob.spec.axes[n], {space: el[space]}, skip={(axis, space)})
-        c = (_axis_first(prob.A[n], axis) @ _axis_first(b, axis).T).double()
-        m = c if m is None else m + c
-    return m
+        left.append(_axis_first(prob.A[n], axis))
+        right.append(_axis_first(b, axis))
+    return torch.cat(left, 1) @ torch.cat(right, 1).T
 
 
 def _current(el: dict[str, Element], space: str) -> torch.Tensor | None:
@@ -420,35 +421,42 @@ def weight_matching(
             changed = 0
             # 1) every non-residual unit given the others (in canonical models they only meet
             #    the residual space, so they are independent and their order is irrelevant).
-            pending = []
-            for unit in due:
-                t0 = time.perf_counter()
-                mine = {unit, *prob.inner_of.get(unit, [])}
-                names = sorted({n for s in mine for n, _, _ in spec.occurrences(s)})
-                bt = {n: unapply_axes(bt_all[n], spec.axes[n], {k: el[k] for k in mine})
-                      for n in names}
-                propose = _propose_heads if prob.inner_of.get(unit) else _propose_permutation
-                prop = propose(prob, unit, el, bt)
-                future = pool.submit(assignment, prop.cost, prop.current)
-                pending.append((unit, names, bt, prop, future, time.perf_counter() - t0))
-            for unit, names, bt, prop, future, spent in pending:
-                t0 = time.perf_counter()
-                new = prop.finish(future.result())
-                moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
-                new_terms = prob.terms(moved, prob.term_names(unit))
-                if torch.equal(new[unit].perm, el[unit].perm):
-                    # Same assignment: the terms are unchanged (circuits do not see the inner
-                    # maps, which may still move); comparing rounding noise would reject them.
-                    el.update(new)
-                    bt_all.update(moved)
-                    quiet[unit] = quiet[unit] or it + 1  # (1-based: 0 means not quiet)
-                elif sum(new_terms.values()) >= sum(terms[k] for k in new_terms):
-                    el.update(new)
-                    terms.update(new_terms)
-                    bt_all.update(moved)
-                    quiet[unit] = 0
-                    changed += 1
-                times[spec.roles.get(unit, "permutation")] += spent + time.perf_counter() - t0
+            #    Assignments run on a worker thread while the next unit's products are
+            #    computed; at most two units are in flight (each holds an n x n cost).
+            # Assignments run on a worker thread while the next unit's products are computed;
+            # at most two units are in flight (each holds an n x n cost and a copy of B).
+            in_flight: list = []
+            for unit in [*due, None]:  # None: drain
+                if unit is not None:
+                    t0 = time.perf_counter()
+                    mine = {unit, *prob.inner_of.get(unit, [])}
+                    names = sorted({n for s in mine for n, _, _ in spec.occurrences(s)})
+                    bt = {n: unapply_axes(bt_all[n], spec.axes[n], {k: el[k] for k in mine})
+                          for n in names}
+                    propose = _propose_heads if prob.inner_of.get(unit) else _propose_permutation
+                    prop = propose(prob, unit, el, bt)
+                    future = pool.submit(assignment, prop.cost, prop.current)
+                    in_flight.append((unit, names, bt, prop, future, time.perf_counter() - t0))
+                while len(in_flight) > (1 if unit is not None else 0):
+                    done, names, bt, prop, future, spent = in_flight.pop(0)
+                    t0 = time.perf_counter()
+                    new = prop.finish(future.result())
+                    moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
+                    new_terms = prob.terms(moved, prob.term_names(done))
+                    if torch.equal(new[done].perm, el[done].perm):
+                        # Same assignment: the terms are unchanged (circuits do not see the
+                        # inner maps, which may still move); rounding noise would reject them.
+                        el.update(new)
+                        bt_all.update(moved)
+                        quiet[done] = quiet[done] or it + 1  # (1-based: 0 means not quiet)
+                    elif sum(new_terms.values()) >= sum(terms[k] for k in new_terms):
+                        el.update(new)
+                        terms.update(new_terms)
+                        bt_all.update(moved)
+                        quiet[done] = 0
+                        changed += 1
+                    kind = spec.roles.get(done, "permutation")
+                    times[kind] += spent + time.perf_counter() - t0
             # 2) the residual map, given all the others.
             for s in residual:
                 t0 = time.perf_counter()
