@@ -42,7 +42,7 @@ class WeightMatchingOptions:
     max_iter: int = 15
     tol: float = 1e-5  # stop when an iteration improves the objective by less (relative)
     init: str = "spectral"  # "spectral" | "identity": the residual map's starting point
-    weighting: str = "sqrt"  # "sqrt": divide tables by sqrt(their data rows) | "none"
+    weighting: str = "sqrt"  # tables weighted by rows^-1/2 ("sqrt"), rows^-1 ("rows"), "none"
     #: Keep the residual map fixing the all-ones direction (exportable to LayerNorm models);
     #: None: when both models are centred (every residual writer mean-zero).
     fix_ones: bool | None = None
@@ -84,15 +84,24 @@ def check_pair(a: CanonicalModel, b: CanonicalModel) -> None:
                 raise GlmcError(f"model {who}: tensor {name} contains NaN or Inf")
 
 
+WEIGHTINGS = {"sqrt": 0.5, "rows": 1.0, "none": 0.0}
+
+
 def _weights(spec: SymmetrySpec, state: StateDict, scheme: str) -> dict[str, float]:
-    """w_t = 1/(rows no symmetry touches): embedding tables and heads do not drown blocks."""
+    """w_t = r_t^(-p), r_t the rows no symmetry touches (vocabulary, positions, classes).
+
+    p = 1/2 ("sqrt"), 1 ("rows") or 0 ("none"): a 50k-token embedding table does not drown
+    the blocks, while a small one (a character vocabulary) still counts.
+    """
+    if scheme not in WEIGHTINGS:
+        raise GlmcError(f"unknown weighting {scheme!r} (one of {', '.join(WEIGHTINGS)})")
     w = {}
     for name, tags in spec.axes.items():
         free = 1
         for size, tag in zip(state[name].shape, tags, strict=True):
             if tag is None:
                 free *= size
-        w[name] = 1.0 / free if scheme == "sqrt" else 1.0
+        w[name] = float(free) ** -WEIGHTINGS[scheme]
     return w
 
 
