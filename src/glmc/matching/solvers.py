@@ -51,12 +51,11 @@ def procrustes(m: torch.Tensor, fix_ones: bool) -> torch.Tensor:
     return polar(c + scale / n).to(m.dtype)
 
 
-def _sym_sqrt(g: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """Symmetric (inverse) square root of PSD matrices (..., k, k)."""
+def _sym_sqrt_pair(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric square root and inverse square root of PSD matrices (..., k, k)."""
     w, v = torch.linalg.eigh(g)
     w = w.clamp_min(w.amax(-1, keepdim=True) * 1e-12 + 1e-300)
-    p = -0.5 if inverse else 0.5
-    return (v * w[..., None, :] ** p) @ v.mT
+    return (v * w[..., None, :] ** 0.5) @ v.mT, (v * w[..., None, :] ** -0.5) @ v.mT
 
 
 def balancing_map(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -64,32 +63,35 @@ def balancing_map(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
     x, y: (..., k, ·) factors of the circuit xᵀ·y, which N leaves unchanged. Balanced
     factors of a full-rank circuit are unique up to an orthogonal map, so after balancing two
-    heads only an orthogonal Procrustes remains. N = P^{1/2} with P·Gx·P = Gy.
+    heads only an orthogonal Procrustes remains. N = P^{1/2} with P·Gx·P = Gy. The Grams, and
+    so N, do not change when an orthogonal map acts on the columns (the residual stream).
     """
+    x, y = x.double(), y.double()
     k = x.shape[-2]
     gx, gy = x @ x.mT, y @ y.mT
     tr = (gx.diagonal(dim1=-2, dim2=-1).sum(-1) + gy.diagonal(dim1=-2, dim2=-1).sum(-1))
     eye = torch.eye(k, dtype=x.dtype)
     ridge = (1e-12 * tr / k + 1e-300)[..., None, None] * eye
-    gx, gy = gx + ridge, gy + ridge
-    gx_h, gx_ih = _sym_sqrt(gx), _sym_sqrt(gx, inverse=True)
-    p = gx_ih @ _sym_sqrt(gx_h @ gy @ gx_h) @ gx_ih
-    return _sym_sqrt((p + p.mT) / 2)
+    gx_h, gx_ih = _sym_sqrt_pair(gx + ridge)
+    p = gx_ih @ _sym_sqrt_pair(gx_h @ (gy + ridge) @ gx_h)[0] @ gx_ih
+    return _sym_sqrt_pair((p + p.mT) / 2)[0]
 
 
 def align_inner(
-    xa: torch.Tensor, ya: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, invertible: bool
+    xa: torch.Tensor, ya: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, invertible: bool,
+    balance: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """M (..., k, k) with M·xb ≈ xa and M⁻ᵀ·yb ≈ ya: head b's inner basis aligned to head a.
 
     Batched over leading axes (one head pair each). ``invertible``: M in GL(k) (balance both
     heads, then Procrustes); else M orthogonal. Exact when head b is head a under any
-    invertible inner map and its circuit has rank k.
+    invertible inner map and its circuit has rank k. ``balance``: the heads' balancing maps
+    (N_a, N_b) when already known.
     """
     x_a, y_a, x_b, y_b = (t.double() for t in (xa, ya, xb, yb))
     if not invertible:
         return polar(x_a @ x_b.mT + y_a @ y_b.mT).to(xa.dtype)
-    na, nb = balancing_map(x_a, y_a), balancing_map(x_b, y_b)
+    na, nb = balance or (balancing_map(x_a, y_a), balancing_map(x_b, y_b))
     na_it, nb_it = torch.linalg.inv(na).mT, torch.linalg.inv(nb).mT
     r = polar((na @ x_a) @ (nb @ x_b).mT + (na_it @ y_a) @ (nb_it @ y_b).mT)
     return (torch.linalg.solve(na, r @ nb)).to(xa.dtype)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from glmc.errors import GlmcError
-from glmc.matching.solvers import align_inner, assignment, procrustes
+from glmc.matching.solvers import align_inner, assignment, balancing_map, procrustes
 from glmc.models.model import CanonicalModel
 from glmc.symmetry.groups import BlockMatrix, Element, Matrix, Permutation, ones_complement_basis
 from glmc.symmetry.spec import SymmetrySpec
@@ -145,6 +145,7 @@ class Problem:
                 sa, sb = sa * scale, sb * scale
             self.A[name], self.B[name] = sa, sb
         self.dtype = next(iter(self.A.values())).dtype
+        self._balance: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         nested = _nested_pairs(spec)
         self.inner_of: dict[str, list[str]] = defaultdict(list)
         for inner, outer in sorted(nested):
@@ -191,6 +192,19 @@ class Problem:
             if bd.xs[0][0] in bt and (names is None or key in names):
                 out[key] = float(self.bundle_gram(bd, self.A, bt, diagonal=True).sum())
         return out
+
+    def balancing(self, bd: Bundle) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per head, the balancing maps (H, k, k) of A's and of B's own heads, computed once:
+        they depend on neither the residual map (it leaves the Grams alone) nor the others."""
+        if bd.space not in self._balance:
+            k = self.spec.spaces[bd.space].block
+            maps = []
+            for s in (self.A, self.B):
+                x, y = _stack(s, bd.xs), _stack(s, bd.ys)
+                h = x.shape[0] // k
+                maps.append(balancing_map(x.view(h, k, -1), y.view(h, k, -1)))
+            self._balance[bd.space] = (maps[0], maps[1])
+        return self._balance[bd.space]
 
     def norm(self) -> float:
         sq = {}
@@ -284,7 +298,12 @@ def _propose_heads(prob: Problem, space: str, el: dict[str, Element], bt: StateD
             xa, ya, xb, yb = (t.view(h, k, -1) for t in (xa, ya, xb, yb))
             # Block j of the inner map aligns B's head j to the head of A it is assigned to.
             invertible = group_in.kind == "block_invertible"
-            blocks = align_inner(xa[inv_sigma], ya[inv_sigma], xb, yb, invertible=invertible)
+            balance = None
+            if invertible:
+                na, nb = prob.balancing(bd)
+                balance = (na[inv_sigma], nb)
+            blocks = align_inner(xa[inv_sigma], ya[inv_sigma], xb, yb, invertible=invertible,
+                                 balance=balance)
             out[bd.space] = BlockMatrix(blocks, orthogonal=not invertible)
         return out
 
