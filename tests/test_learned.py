@@ -191,3 +191,44 @@ def test_two_processes_match_one(planted, tmp_path):
     for s, e in outs[1].elements.items():
         diff = (e.matrix(torch.float64) - outs[2].elements[s].matrix(torch.float64)).abs().max()
         assert diff < 1e-6, (s, float(diff))
+
+
+def test_cli_align_learned_writes_a_symmetric_copy_and_its_report(planted, tmp_path, capsys):
+    """`glmc align --method learned`: B aligned computes B's function; the report records how
+    far learned matching moved from weight matching; the checkpoint is gone after success."""
+    import json
+
+    from glmc.cli.main import main
+    from glmc.io.folders import write_model
+
+    a, b, _ = planted
+    text = tmp_path / "toy.txt"
+    text.write_text(TEXT)
+    for name, m in (("a", a), ("b", b)):
+        (tmp_path / name).mkdir()
+        write_model(tmp_path / name, m)
+    out = tmp_path / "out"
+    args = ["align", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(out), "--method",
+            "learned", "--data", str(text), "--steps", "6", "--eval-every", "3",
+            "--train-batch-size", "8", "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["certificate"]["equal"]
+    assert report["learned"]["steps"] == 6
+    assert "res" in report["learned"]["distance_from_init"]
+    assert not (tmp_path / ".out.learned.pt").exists()
+    assert main(["verify", str(tmp_path / "b"), str(out)]) == 0
+
+
+def test_cli_learned_needs_data(planted, tmp_path, capsys):
+    from glmc.cli.main import main
+    from glmc.io.folders import write_model
+
+    a, b, _ = planted
+    for name, m in (("a", a), ("b", b)):
+        (tmp_path / name).mkdir()
+        write_model(tmp_path / name, m)
+    code = main(["align", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / "o"),
+                 "--method", "learned"])
+    assert code == 2
+    assert "give --data" in capsys.readouterr().err

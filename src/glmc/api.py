@@ -90,6 +90,7 @@ def align(
     heads: str = "inner",
     max_iter: int = 15,
     tol: float = 1e-5,
+    weighting: str = "sqrt",
     token_counts: torch.Tensor | None = None,
     data=None,
     learned: LearnedMatchingOptions | None = None,
@@ -123,7 +124,7 @@ def align(
         mask = token_counts > 0
         row_masks = {"embed.tok": (0, mask), "head.weight": (0, mask)}
     opts = WeightMatchingOptions(residual=residual, max_iter=max_iter, tol=tol,
-                                 row_masks=row_masks)
+                                 weighting=weighting, row_masks=row_masks)
     match = weight_matching(a, b, opts, progress=progress)
     if method == "weight":
         return Alignment(a, b, b.transformed(match.transform), match.transform, match)

@@ -119,6 +119,7 @@ class AlignOptions:
     heads: str = "inner"
     max_iter: int = 15
     tol: float = 1e-5
+    weighting: str = "sqrt"
     seed: int = 0
     token_counts: torch.Tensor | None = None
     progress: Callable[[int, float], None] | None = None
@@ -168,7 +169,8 @@ def _weight(residual: str) -> AlignFn:
         from glmc.api import align
 
         return align(a, b, residual=residual, heads=o.heads, max_iter=o.max_iter, tol=o.tol,
-                     token_counts=o.token_counts, progress=o.progress).aligned
+                     weighting=o.weighting, token_counts=o.token_counts,
+                     progress=o.progress).aligned
 
     return fn
 
@@ -178,7 +180,8 @@ def _learned(residual: str) -> AlignFn:
         from glmc.api import align
 
         return align(a, b, method="learned", residual=residual, heads=o.heads,
-                     max_iter=o.max_iter, tol=o.tol, token_counts=o.token_counts,
+                     max_iter=o.max_iter, tol=o.tol, weighting=o.weighting,
+                     token_counts=o.token_counts,
                      data=o.dataset, learned=o.learned, progress=o.progress).aligned
 
     return fn

@@ -67,7 +67,8 @@ def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel,
                        f"midpoint barrier {state['barrier']}")
 
         return align(a.canonical, b.canonical, method=method, residual=args.residual,
-                     heads=args.heads, max_iter=args.iters, tol=args.tol, token_counts=counts,
+                     heads=args.heads, max_iter=args.iters, tol=args.tol,
+                     weighting=args.weighting, token_counts=counts,
                      data=data, learned=learned, progress=progress,
                      learned_progress=learned_progress)
 

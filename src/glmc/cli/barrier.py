@@ -139,8 +139,9 @@ def run(args: argparse.Namespace) -> int:
     _, _, data, _ = prepare_barrier(a, b, args.data, methods=methods, split=args.split,
                                     context=args.context, tokenizer=args.tokenizer,
                                     seed=args.seed)
-    options = AlignOptions(heads=args.heads, max_iter=args.iters, tol=args.tol, seed=args.seed,
-                           token_counts=counts, learned=learned_options(args, None))
+    options = AlignOptions(heads=args.heads, max_iter=args.iters, tol=args.tol,
+                           weighting=args.weighting, seed=args.seed, token_counts=counts,
+                           learned=learned_options(args, None))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:

@@ -23,6 +23,9 @@ def add_alignment_options(p: argparse.ArgumentParser, residual: bool = True) -> 
     g.add_argument("--tol", type=float, default=1e-5,
                    help="stop weight matching when an iteration improves the objective by "
                    "less (relative)")
+    g.add_argument("--weighting", choices=("sqrt", "rows", "none"), default="sqrt",
+                   help="weight of tables with rows no symmetry touches (vocabulary, positions,"
+                   " classes) in weight matching: rows^-1/2, rows^-1 or 1")
     g.add_argument("--token-counts", metavar="FILE",
                    help="token counts (.json list or {id: count}, .npy, or text): only "
                    "vocabulary rows of seen tokens count in the matching")
