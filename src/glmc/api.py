@@ -22,6 +22,7 @@ from glmc.matching.weight import (
     MatchResult,
     WeightMatchingOptions,
     centred_pair,
+    check_pair,
     weight_matching,
 )
 from glmc.models.circuit import to_circuit
@@ -69,6 +70,19 @@ def read_token_counts(path: str | Path, vocab_size: int) -> torch.Tensor:
     return torch.from_numpy(counts)
 
 
+def prepare_pair(model_a: ModelLike, model_b: ModelLike,
+                 heads: str = "inner") -> tuple[CanonicalModel, CanonicalModel]:
+    """Both models in canonical form (attention as circuits for ``heads="circuit"``), checked
+    to have the same parameters and shapes, all finite."""
+    if heads not in ("inner", "circuit"):
+        raise GlmcError(f"unknown heads mode {heads!r} (inner or circuit)")
+    a, b = canonical(model_a), canonical(model_b)
+    if heads == "circuit":
+        a, b = to_circuit(a), to_circuit(b)
+    check_pair(a, b)
+    return a, b
+
+
 @dataclass
 class Alignment:
     """B aligned to A: ``aligned`` = transform applied to ``b`` (same function as ``b``)."""
@@ -109,11 +123,7 @@ def align(
     """
     if method not in METHODS:
         raise GlmcError(f"unknown alignment method {method!r} (available: {', '.join(METHODS)})")
-    if heads not in ("inner", "circuit"):
-        raise GlmcError(f"unknown heads mode {heads!r} (inner or circuit)")
-    a, b = canonical(model_a), canonical(model_b)
-    if heads == "circuit":
-        a, b = to_circuit(a), to_circuit(b)
+    a, b = prepare_pair(model_a, model_b, heads)
     row_masks = {}
     if token_counts is not None:
         if a.config.task != "causal_lm":
@@ -149,16 +159,12 @@ def merge(
     align_method: str = "weight",
     **align_options,
 ) -> tuple[CanonicalModel, Alignment | None]:
-    """The model alpha·A + (1 − alpha)·π(B); π from ``align_method`` ("weight" or "none")."""
+    """The model alpha·A + (1 − alpha)·π(B); π from ``align_method`` ("none", "weight" or
+    "learned", the last with ``data=``)."""
     if not 0.0 <= alpha <= 1.0:
         raise GlmcError(f"alpha must lie in [0, 1], got {alpha}")
     if align_method == "none":
-        a, b = canonical(model_a), canonical(model_b)
-        if align_options.get("heads") == "circuit":
-            a, b = to_circuit(a), to_circuit(b)
-        from glmc.matching.weight import check_pair
-
-        check_pair(a, b)
+        a, b = prepare_pair(model_a, model_b, align_options.get("heads", "inner"))
         return a.with_state(interpolate(a.state, b.state, alpha)), None
     al = align(model_a, model_b, method=align_method, **align_options)
     return al.a.with_state(interpolate(al.a.state, al.aligned.state, alpha)), al

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from glmc.api import interpolate
+from glmc.api import interpolate, prepare_pair
 from glmc.cli.align import REPORT, drop_checkpoint, load_pair, run_alignment, write_output
 from glmc.cli.common import add_allow_pickle, add_json, emit_json
 from glmc.cli.main import add_command
@@ -15,8 +15,6 @@ from glmc.cli.options import add_alignment_options, add_learned_options
 from glmc.distributed import is_main, process_group
 from glmc.errors import GlmcError
 from glmc.io.folders import write_json
-from glmc.matching.weight import check_pair
-from glmc.models.circuit import to_circuit
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,10 +53,7 @@ def _run(args: argparse.Namespace) -> int:
                     "alpha": args.alpha, "align": args.align}
     transform = None
     if args.align == "none":
-        ca, cb = a.canonical, b.canonical
-        if args.heads == "circuit":
-            ca, cb = to_circuit(ca), to_circuit(cb)
-        check_pair(ca, cb)
+        ca, cb = prepare_pair(a.canonical, b.canonical, args.heads)
     else:
         al = run_alignment(args, a, b, args.align)
         if not is_main():
