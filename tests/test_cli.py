@@ -383,3 +383,27 @@ def test_interrupted_align_leaves_no_partial_output(cli, gpt2_folder, tmp_path, 
         assert [p.name for p in out_dir.iterdir()] == ["keep.txt"]
     else:
         assert not out_dir.exists()
+
+
+def test_align_refuses_to_overwrite_an_input(tmp_path, capsys):
+    """`glmc align A B -o A` would delete model A: one clear error, A intact."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=11, n_positions=8,
+                     bos_token_id=None, eos_token_id=None)
+    for name in ("a", "b"):
+        GPT2LMHeadModel(cfg).save_pretrained(tmp_path / name)
+    before = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert main(["align", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / "a")]) == 2
+    assert "would replace input" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == before
+
+
+def test_verify_rejects_an_empty_batch(tmp_path, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=11, n_positions=8,
+                     bos_token_id=None, eos_token_id=None)
+    GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "a")
+    assert main(["verify", str(tmp_path / "a"), str(tmp_path / "a"), "--batch", "0"]) == 2
+    assert "--batch" in capsys.readouterr().err

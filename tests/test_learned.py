@@ -232,3 +232,14 @@ def test_cli_learned_needs_data(planted, tmp_path, capsys):
                  "--method", "learned"])
     assert code == 2
     assert "give --data" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [
+    {"steps": 0}, {"batch_size": 0}, {"lr": -1.0}, {"eval_every": 0}, {"patience": -1},
+    {"lam": "uniform:2,3"}, {"lam": "gaussian:0.5,-1"}, {"residual": "rotation"},
+])
+def test_bad_options_are_one_clear_error(bad):
+    from glmc.errors import GlmcError
+
+    with pytest.raises(GlmcError, match="learned matching|λ distribution"):
+        LearnedMatchingOptions(**bad)

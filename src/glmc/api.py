@@ -3,7 +3,7 @@
 >>> import glmc
 >>> a, b = glmc.load("runs/gpt-a"), glmc.load("runs/gpt-b")
 >>> result = glmc.align(a, b)                      # weight matching, orthogonal residual
->>> merged = glmc.merge(a, b, alpha=0.5, align="weight")
+>>> merged, alignment = glmc.merge(a, b, alpha=0.5, align_method="weight")
 """
 
 from __future__ import annotations
@@ -56,14 +56,16 @@ def read_token_counts(path: str | Path, vocab_size: int) -> torch.Tensor:
             if isinstance(raw, dict):
                 counts = np.zeros(vocab_size)
                 for k, v in raw.items():
-                    counts[int(k)] = v
+                    if not 0 <= int(k) < vocab_size:
+                        raise ValueError(f"token id {k} outside the vocabulary")
+                    counts[int(k)] = float(v)
             else:
                 counts = np.asarray(raw, dtype=np.float64)
         elif p.suffix == ".npy":
             counts = np.load(p, allow_pickle=False).astype(np.float64)
         else:
             counts = np.asarray(p.read_text().split(), dtype=np.float64)
-    except (ValueError, IndexError, json.JSONDecodeError) as e:
+    except (ValueError, TypeError, IndexError, json.JSONDecodeError) as e:
         raise GlmcError(f"{p}: cannot read token counts ({e})") from None
     if counts.shape != (vocab_size,):
         raise GlmcError(f"{p}: {counts.size} token counts, the vocabulary has {vocab_size}")

@@ -179,10 +179,11 @@ def _learned(residual: str) -> AlignFn:
     def fn(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> CanonicalModel:
         from glmc.api import align
 
+        learned = replace(o.learned or LearnedMatchingOptions(), seed=o.seed)
         return align(a, b, method="learned", residual=residual, heads=o.heads,
                      max_iter=o.max_iter, tol=o.tol, weighting=o.weighting,
                      token_counts=o.token_counts,
-                     data=o.dataset, learned=o.learned, progress=o.progress).aligned
+                     data=o.dataset, learned=learned, progress=o.progress).aligned
 
     return fn
 
@@ -430,9 +431,7 @@ def run_barrier(
         if progress is not None:
             progress(name, "align", 0, 1)
         t1 = time.perf_counter()
-        aligned = method.fn(wa, wb, options)
-        if options.heads == "circuit":
-            aligned = to_circuit(aligned)
+        aligned = method.fn(wa, wb, options)  # (already in circuit form when wa, wb are)
         t_align = time.perf_counter() - t1
         if progress is not None:
             progress(name, "align", 1, 1)

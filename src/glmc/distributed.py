@@ -1,4 +1,4 @@
-"""Data parallelism on torch.distributed: started by torchrun, gloo on CPU, nccl on GPU.
+"""Data parallelism on torch.distributed: started by torchrun, gloo (the latents are on the CPU).
 
     torchrun --standalone --nproc-per-node 2 $(which glmc) align A B -o OUT --method learned ...
     # several machines: on each, the same command with
@@ -37,8 +37,8 @@ def process_group() -> Iterator[None]:
     if world_size() <= 1 or torch.distributed.is_initialized():
         yield
         return
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    torch.distributed.init_process_group(backend=backend)
+    # The latents live on the CPU for now, so their all-reduce goes through gloo everywhere.
+    torch.distributed.init_process_group(backend="gloo")
     try:
         yield
     finally:

@@ -26,6 +26,13 @@ TRANSFORM = "transform.safetensors"
 
 
 def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel]:
+    """Both input folders, checked to share their inputs and outputs; OUT must be neither."""
+    out = Path(args.out).resolve()
+    for name in (args.a, args.b):
+        if Path(name).resolve() == out:
+            raise GlmcError(f"{args.out}: the output folder would replace input {name}")
+    if args.iters < 1:
+        raise GlmcError(f"--iters must be at least 1, got {args.iters}")
     a = load_model(args.a, allow_pickle=args.allow_pickle)
     b = load_model(args.b, allow_pickle=args.allow_pickle)
     same_interface(a.canonical.config, b.canonical.config, f"{args.a} vs {args.b}")
@@ -84,11 +91,10 @@ def write_output(out: str, model: CanonicalModel, stock: bool, extra: dict,
     return fmt, Path(out)
 
 
-def drop_checkpoint(args: argparse.Namespace) -> None:
-    """A finished run's learned-matching checkpoint is no longer needed."""
-    ckpt = learned_options(args, args.out).checkpoint if hasattr(args, "steps") else None
-    if ckpt:
-        Path(ckpt).unlink(missing_ok=True)
+def drop_checkpoint(args: argparse.Namespace, method: str) -> None:
+    """A finished learned-matching run's checkpoint is no longer needed."""
+    if method == "learned":
+        Path(learned_options(args, args.out).checkpoint).unlink(missing_ok=True)
 
 
 def certify_folder(out: Path, reference: LoadedModel) -> dict:
@@ -138,7 +144,7 @@ def _run(args: argparse.Namespace) -> int:
     fmt, out = write_output(args.out, al.aligned.to(torch.float32), not args.no_stock, report,
                             al.transform)
     report["certificate"] = certify_folder(out, b)
-    drop_checkpoint(args)
+    drop_checkpoint(args, args.method)
     report["seconds"] = round(time.perf_counter() - t0, 3)
     report["format"] = fmt
     write_json(out / REPORT, report)

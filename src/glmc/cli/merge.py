@@ -54,6 +54,8 @@ def _run(args: argparse.Namespace) -> int:
     transform = None
     if args.align == "none":
         ca, cb = prepare_pair(a.canonical, b.canonical, args.heads)
+        if not is_main():
+            return 0
     else:
         al = run_alignment(args, a, b, args.align)
         if not is_main():
@@ -66,7 +68,7 @@ def _run(args: argparse.Namespace) -> int:
     fmt, out = write_output(args.out, merged.to(torch.float32), not args.no_stock, report,
                             transform)
     report["format"] = fmt
-    drop_checkpoint(args)
+    drop_checkpoint(args, args.align)
     report["seconds"] = round(time.perf_counter() - t0, 3)
     write_json(out / REPORT, report)
     if args.json:

@@ -155,8 +155,7 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
         raise GlmcError(f"{cfg_path}: invalid {model_type} config ({e})") from None
     state = importer.normalize_keys(state)
     expected = _meta_shapes(lambda: importer.stock_model(hf_config))
-    tied = "lm_head.weight" if getattr(hf_config, "tie_word_embeddings", False) else ""
-    check_shapes(folder, state, expected, optional=(tied,))
+    check_shapes(folder, state, expected, optional=importer.optional_keys(hf_config))
     _check_finite(folder, state)
     state = {k: v.to(dtype) for k, v in state.items()}
     canonical = importer.to_canonical(hf_config, state)

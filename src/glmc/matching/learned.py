@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from glmc import distributed
 from glmc.errors import GlmcError
 from glmc.matching.parametrize import OrthogonalLatent, PermutationLatent, project_all
 from glmc.models.model import CanonicalModel
@@ -51,6 +52,26 @@ class LearnedMatchingOptions:
     checkpoint: str | None = None  # file for the latents, written atomically
     checkpoint_every: int = 0
     resume: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.steps >= 1, f"steps must be at least 1, got {self.steps}"),
+            (self.batch_size >= 1, f"batch size must be at least 1, got {self.batch_size}"),
+            (self.lr > 0, f"learning rate must be positive, got {self.lr}"),
+            (self.warmup >= 0, f"warm-up must be at least 0, got {self.warmup}"),
+            (self.eval_every >= 1, f"eval-every must be at least 1, got {self.eval_every}"),
+            (self.eval_batches >= 1, f"eval batches must be at least 1, got {self.eval_batches}"),
+            (self.patience >= 0, f"patience must be at least 0, got {self.patience}"),
+            (self.checkpoint_every >= 0,
+             f"checkpoint-every must be at least 0, got {self.checkpoint_every}"),
+            (self.residual in ("orthogonal", "permutation", "none"),
+             f"unknown residual mode {self.residual!r}"),
+            (all(0.0 <= lam <= 1.0 for lam in self.eval_lambdas), "eval λs must lie in [0, 1]"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise GlmcError(f"learned matching: {message}")
+        _lambda_sampler(self.lam)  # a bad distribution fails here, before any work
 
 
 @dataclass
@@ -84,6 +105,8 @@ def _lambda_sampler(spec: str):
         lo, hi = (float(v) for v in args.split(","))
     except ValueError:
         raise bad from None
+    if (kind == "uniform" and not 0.0 <= lo <= hi <= 1.0) or (kind == "gaussian" and hi < 0):
+        raise bad
     if kind == "uniform":
         return lambda g: lo + (hi - lo) * float(torch.rand((), generator=g, dtype=torch.float64))
     if kind == "gaussian":
@@ -167,12 +190,6 @@ def _cast(x: torch.Tensor, state: StateDict) -> torch.Tensor:
     return x.to(next(iter(state.values())).dtype) if x.is_floating_point() else x
 
 
-def _dist():
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
 def _save(path: Path, payload: dict) -> None:
     from glmc.io.atomic import atomic_path
 
@@ -215,7 +232,7 @@ def learned_matching(
     at the eval λs minus the endpoints' loss interpolated linearly (a barrier estimate).
     """
     opts = opts or LearnedMatchingOptions()
-    rank, world = _dist()
+    rank, world = distributed.rank(), distributed.world_size()
     if opts.batch_size % world:
         raise GlmcError(f"batch size {opts.batch_size} does not split over {world} processes")
     sample_lam = _lambda_sampler(opts.lam)
@@ -240,6 +257,9 @@ def learned_matching(
     context = opts.context or (a.config.n_positions if a.config.task == "causal_lm" else None)
     val_batches = list(_take(data.eval_batches("val", opts.batch_size, context),
                              opts.eval_batches))
+    if not val_batches:
+        raise GlmcError(f"dataset '{data.name}': the validation split is too small for one "
+                        f"batch (context {context})")
     result = LearnedResult(transform=init)
     best = {k: v.detach().clone() for k, v in latents.state_dict().items()}
     start_step, bad_evals = 0, 0

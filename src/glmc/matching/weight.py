@@ -237,7 +237,7 @@ class Problem:
 
 
 def _cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> torch.Tensor:
-    """M = Σ over (tensor, axis) of ``space``: A_axis-first · B̃_axis-firstᵀ, (n, n) float32.
+    """M = Σ over (tensor, axis) of ``space``: A_axis-first · B̃_axis-firstᵀ, (n, n).
 
     ``bt`` holds B with every space but ``space`` applied (tensors it lacks are skipped). The
     occurrences are concatenated into one product. Where the space acts on a tensor twice (a
@@ -426,15 +426,11 @@ def weight_matching(
     terms = prob.terms(bt_all)
     for s in residual:
         terms[f"<solo:{s}>"] = float((el[s].matrix(const[s].dtype) * const[s]).sum())
-    for n in prob.plain:  # residual=none: the solo tensors are plain terms of their own
-        if n not in bt_all and n not in skip:
-            terms[n] = float((prob.A[n] * prob.B[n]).sum())
     objective = init_objective = sum(terms.values())
     norm = prob.norm()
     trace: list[dict] = []
     converged = False
-    inner_spaces = {i for i, _ in _nested_pairs(spec)}
-    units = [u for u in prob.units if u not in inner_spaces]
+    units = prob.units  # (the heads' inner spaces are solved with their heads)
     # Permutations settle after a few iterations while the residual map keeps improving: a
     # unit whose assignment did not change is solved again only every third iteration. The
     # run ends only after a full sweep (every unit solved) that changed almost nothing.
@@ -451,8 +447,6 @@ def weight_matching(
             #    the residual space, so they are independent and their order is irrelevant).
             #    Assignments run on a worker thread while the next unit's products are
             #    computed; at most two units are in flight (each holds an n x n cost).
-            # Assignments run on a worker thread while the next unit's products are computed;
-            # at most two units are in flight (each holds an n x n cost and a copy of B).
             in_flight: list = []
             for unit in [*due, None]:  # None: drain
                 if unit is not None:

@@ -134,14 +134,20 @@ class Transform:
             raise GlmcError(f"{path}: no such transform file")
         from safetensors import safe_open
 
-        with safe_open(str(path), framework="pt") as f:
-            raw = (f.metadata() or {}).get("glmc_transform")
-        if raw is None:
-            raise GlmcError(f"{path}: not a glmc transform (no 'glmc_transform' metadata)")
-        meta = json.loads(raw)
-        tensors = load_file(str(path))
-        elements = {}
-        for name, m in meta.items():
-            own = {k.split("/", 1)[1]: t for k, t in tensors.items() if k.split("/", 1)[0] == name}
-            elements[name] = element_from_tensors(m["kind"], own, m)
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                raw = (f.metadata() or {}).get("glmc_transform")
+            if raw is None:
+                raise GlmcError(f"{path}: not a glmc transform (no 'glmc_transform' metadata)")
+            meta = json.loads(raw)
+            tensors = load_file(str(path))
+            elements = {}
+            for name, m in meta.items():
+                own = {k.split("/", 1)[1]: t for k, t in tensors.items()
+                       if k.split("/", 1)[0] == name}
+                elements[name] = element_from_tensors(m["kind"], own, m)
+        except GlmcError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a damaged or foreign file is the user's input
+            raise GlmcError(f"{path}: cannot read transform ({type(e).__name__}: {e})") from None
         return cls(elements)

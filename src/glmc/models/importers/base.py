@@ -35,6 +35,10 @@ class Importer:
         """An untrained stock model built from ``hf_config`` (no download)."""
         raise NotImplementedError
 
+    def optional_keys(self, hf_config: Any) -> tuple[str, ...]:
+        """Tensors a checkpoint may omit (e.g. a head tied to the embedding)."""
+        return ()
+
     def normalize_keys(self, state: StateDict) -> StateDict:
         """Map a checkpoint's keys onto the stock model's (e.g. add a missing prefix)."""
         return state

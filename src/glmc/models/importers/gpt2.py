@@ -40,6 +40,9 @@ class GPT2Importer(Importer):
         hf_config._attn_implementation = "sdpa"  # exact in float64, unlike eager's float32 softmax
         return GPT2LMHeadModel(hf_config).eval()
 
+    def optional_keys(self, hf_config: Any) -> tuple[str, ...]:
+        return ("lm_head.weight",) if hf_config.tie_word_embeddings else ()
+
     def normalize_keys(self, state: StateDict) -> StateDict:
         out = {}
         for k, v in state.items():
