@@ -24,6 +24,7 @@ from torch.func import functional_call
 from glmc import distributed
 from glmc.errors import GlmcError
 from glmc.matching.parametrize import OrthogonalLatent, PermutationLatent, project_all
+from glmc.matching.weight import realign_inner
 from glmc.models.model import CanonicalModel
 from glmc.symmetry.groups import Element, Matrix, Permutation
 from glmc.symmetry.transform import Transform, apply_axes
@@ -340,10 +341,18 @@ def learned_matching(
     for key, lat in latents.items():
         els[names[key]] = lat.element()
     result.transform = Transform(els)
+    moved_heads = [s for s in spaces_with_role(a, "heads")
+                   if not torch.equal(els[s].perm, init.elements[s].perm)]
+    if moved_heads:  # their inner bases were aligned to the heads they used to pair with
+        result.transform = realign_inner(a, b, result.transform, moved_heads)
     result.steps = len(result.log)
     result.seconds = time.perf_counter() - t0
     result.distance = distance(init, result.transform)
     return result
+
+
+def spaces_with_role(model: CanonicalModel, role: str) -> list[str]:
+    return [s for s, r in model.spec.roles.items() if r == role]
 
 
 def _comparable(opts: LearnedMatchingOptions) -> dict:

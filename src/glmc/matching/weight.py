@@ -379,6 +379,23 @@ def centred_pair(a: CanonicalModel, b: CanonicalModel) -> bool:
     return a.uncentred_writer() is None and b.uncentred_writer() is None
 
 
+def realign_inner(a: CanonicalModel, b: CanonicalModel, transform: Transform,
+                  units: list[str] | None = None) -> Transform:
+    """The heads' inner maps aligned afresh for ``transform``'s head assignment and residual
+    map (e.g. after learned matching reassigned heads); every other element is kept."""
+    prob = Problem(a, b, WeightMatchingOptions())
+    spec, el = prob.spec, dict(transform.elements)
+    for unit in units if units is not None else list(prob.inner_of):
+        if not prob.inner_of.get(unit):
+            continue  # (circuit form: heads without inner bases)
+        mine = {unit, *prob.inner_of[unit]}
+        names = sorted({n for s in mine for n, _, _ in spec.occurrences(s)})
+        others = {k: e for k, e in el.items() if k not in mine}
+        bt = {n: apply_axes(prob.B[n], spec.axes[n], others) for n in names}
+        el.update(_propose_heads(prob, unit, el, bt).finish(el[unit].perm))
+    return Transform(el)
+
+
 # -- the loop -------------------------------------------------------------------------------
 
 
