@@ -310,24 +310,14 @@ def _propose_heads(prob: Problem, space: str, el: dict[str, Element], bt: StateD
     return Proposal(cost, _current(el, space), finish)
 
 
-def _solve_residual(prob: Problem, space: str, el: dict[str, Element], bt_all: StateDict,
-                    const: torch.Tensor) -> Element:
-    """The residual map maximising the objective with every other element fixed.
-
-    ``bt_all`` holds B with every element applied, the current residual map T included: on
-    each of its axes B̃ = T·B̂, so A·B̂ᵀ = A·B̃ᵀ·T and nothing needs undoing. (Where the map
-    acts on a tensor twice this linearises at T, as for every quadratic term.)
-    """
-    t = el[space].matrix(torch.float64)
+def _residual_cross(prob: Problem, space: str, bt: StateDict) -> torch.Tensor:
+    """Σ over occurrences of ``space`` in ``bt``'s tensors: A_axis-first · B̃_axis-firstᵀ."""
     m = None
     for n, axis, _ in prob.spec.occurrences(space):
-        if n in bt_all:
-            c = (_axis_first(prob.A[n], axis) @ _axis_first(bt_all[n], axis).T).double()
+        if n in bt:
+            c = (_axis_first(prob.A[n], axis) @ _axis_first(bt[n], axis).T).double()
             m = c if m is None else m + c
-    m = const if m is None else m @ t + const
-    if prob.opts.residual == "permutation":
-        return Permutation(assignment(m, _current(el, space)))
-    return Matrix(procrustes(m, prob.opts.fix_ones).to(prob.dtype), orthogonal=True)
+    return m
 
 
 def _spectral_init(prob: Problem, space: str) -> Element:
@@ -363,6 +353,83 @@ def _spectral_init(prob: Problem, space: str) -> Element:
     if prob.opts.residual == "permutation":
         return Permutation(assignment(t))
     return Matrix(t.to(prob.A[next(iter(prob.A))].dtype), True)
+
+
+class ResidualCache:
+    """The residual step without touching most of the model.
+
+    Every tensor the residual space acts on once keeps its cross-correlation
+    C_n = A_n·B̂_nᵀ (B̂: B with every other element applied, not the residual map), which only
+    changes when its own unit's assignment does. Then the residual step needs only Σ C_n, and
+    a tensor's term is ⟨T, C_n⟩. B̃ (``bt_all``) may lag behind the residual map for tensors
+    whose units are not due; ``refresh`` brings them up to date before their unit is solved.
+    Tensors in head bundles (circuit terms, and inner maps that move even when the heads'
+    assignment does not) and tensors the space acts on twice are kept fresh instead.
+    """
+
+    def __init__(self, prob: Problem, space: str, t: Element, bt_all: StateDict) -> None:
+        self.prob, self.space, self.bt_all = prob, space, bt_all
+        counts: dict[str, int] = defaultdict(int)
+        for n, _, _ in prob.spec.occurrences(space):
+            if n in bt_all:
+                counts[n] += 1
+        bundled = {n for bd in prob.bundles for n, _ in bd.xs + bd.ys}
+        self.fresh = sorted(n for n in bt_all if n in bundled or counts.get(n, 0) > 1)
+        self.direct = [n for n in self.fresh if n in counts]  # its M term computed each time
+        self.axis = {n: ax for n, ax, _ in prob.spec.occurrences(space)
+                     if counts.get(n) == 1 and n not in self.fresh}
+        self.at = dict.fromkeys(counts, t)  # the residual element applied to bt_all[n]
+        self.cross: dict[str, torch.Tensor] = {}
+        self.recross(list(self.axis))
+
+    def refresh(self, names: list[str], el: dict[str, Element]) -> None:
+        t = el[self.space]
+        for n in names:
+            if n in self.at and self.at[n] is not t:
+                step = t.compose(self.at[n].inverse())
+                self.bt_all[n] = apply_axes(self.bt_all[n], self.prob.spec.axes[n],
+                                            {self.space: step})
+                self.at[n] = t
+
+    def recross(self, names: list[str]) -> None:
+        """C_n = A·B̃ᵀ·T for fresh tensors (B̃ = T·B̂ on the residual axis)."""
+        for n in names:
+            if n in self.axis:
+                ax = self.axis[n]
+                c = _axis_first(self.prob.A[n], ax) @ _axis_first(self.bt_all[n], ax).T
+                self.cross[n] = c.double() @ self.at[n].matrix(torch.float64)
+
+    def solve(self, el: dict[str, Element], const: torch.Tensor) -> Element:
+        self.refresh(self.fresh, el)
+        m = sum(self.cross.values(), const.clone())
+        if self.direct:  # (quadratic terms are linearised at T)
+            c = _residual_cross(self.prob, self.space, {n: self.bt_all[n] for n in self.direct})
+            m = m + c @ el[self.space].matrix(torch.float64)
+        if self.prob.opts.residual == "permutation":
+            return Permutation(assignment(m, _current(el, self.space)))
+        return Matrix(procrustes(m, self.prob.opts.fix_ones).to(self.prob.dtype),
+                      orthogonal=True)
+
+    def terms(self, t: Element, el: dict[str, Element]) -> tuple[dict[str, float], StateDict]:
+        """The objective terms under residual map ``t`` and the fresh tensors moved to it."""
+        if t is el[self.space]:
+            moved = {n: self.bt_all[n] for n in self.fresh}
+        else:
+            step = t.compose(el[self.space].inverse())
+            moved = {n: apply_axes(self.bt_all[n], self.prob.spec.axes[n], {self.space: step})
+                     for n in self.fresh}
+        out = self.prob.terms(moved)
+        tm = t.matrix(torch.float64)
+        for n, c in self.cross.items():
+            if n in self.prob.plain:
+                out[n] = float((tm * c).sum())
+        return out, moved
+
+    def moved(self, moved: StateDict, t: Element) -> None:
+        self.bt_all.update(moved)
+        for n in moved:
+            if n in self.at:
+                self.at[n] = t
 
 
 def _solo_cross(prob: Problem, space: str, names: list[str]) -> torch.Tensor:
@@ -440,6 +507,7 @@ def weight_matching(
     const = {s: _solo_cross(prob, s, solo[s]) for s in residual}
     skip = {n for names in solo.values() for n in names}
     bt_all = prob.apply(el, set(), [n for n in spec.axes if n not in skip])
+    cache = ResidualCache(prob, residual[0], el[residual[0]], bt_all) if residual else None
     terms = prob.terms(bt_all)
     for s in residual:
         terms[f"<solo:{s}>"] = float((el[s].matrix(const[s].dtype) * const[s]).sum())
@@ -470,6 +538,8 @@ def weight_matching(
                     t0 = time.perf_counter()
                     mine = {unit, *prob.inner_of.get(unit, [])}
                     names = sorted({n for s in mine for n, _, _ in spec.occurrences(s)})
+                    if cache is not None:
+                        cache.refresh(names, el)
                     bt = {n: unapply_axes(bt_all[n], spec.axes[n], {k: el[k] for k in mine})
                           for n in names}
                     propose = _propose_heads if prob.inner_of.get(unit) else _propose_permutation
@@ -482,32 +552,33 @@ def weight_matching(
                     new = prop.finish(future.result())
                     moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
                     new_terms = prob.terms(moved, prob.term_names(done))
-                    if torch.equal(new[done].perm, el[done].perm):
-                        # Same assignment: the terms are unchanged (circuits do not see the
-                        # inner maps, which may still move); rounding noise would reject them.
+                    same = torch.equal(new[done].perm, el[done].perm)
+                    if same or sum(new_terms.values()) >= sum(terms[k] for k in new_terms):
+                        # (Same assignment: the terms are unchanged, as circuits do not see the
+                        # inner maps, which may still move; rounding noise must not veto them.)
                         el.update(new)
                         bt_all.update(moved)
-                        quiet[done] = quiet[done] or it + 1  # (1-based: 0 means not quiet)
-                    elif sum(new_terms.values()) >= sum(terms[k] for k in new_terms):
-                        el.update(new)
-                        terms.update(new_terms)
-                        bt_all.update(moved)
-                        quiet[done] = 0
-                        changed += 1
+                        if not same:
+                            terms.update(new_terms)
+                            changed += 1
+                        if cache is not None and not same:
+                            cache.recross(names)
+                        quiet[done] = (quiet[done] or it + 1) if same else 0  # 1-based
                     kind = spec.roles.get(done, "permutation")
                     times[kind] += spent + time.perf_counter() - t0
             # 2) the residual map, given all the others.
-            for s in residual:
+            if cache is not None:
                 t0 = time.perf_counter()
-                new_el = _solve_residual(prob, s, el, bt_all, const[s])
-                step = new_el.compose(el[s].inverse())  # new ∘ old⁻¹, applied to B̃
-                moved = {n: apply_axes(x, spec.axes[n], {s: step}) for n, x in bt_all.items()}
-                new_terms = prob.terms(moved)
-                t_new = new_el.matrix(const[s].dtype)
-                new_terms[f"<solo:{s}>"] = float((t_new * const[s]).sum())
-                if sum(new_terms.values()) >= sum(terms.values()) - 1e-12 * abs(start):
+                s = cache.space
+                new_el = cache.solve(el, const[s])
+                new_terms, moved = cache.terms(new_el, el)
+                old_terms, _ = cache.terms(el[s], el)  # the same arithmetic, for a fair test
+                for t_el, tt in ((new_el, new_terms), (el[s], old_terms)):
+                    tt[f"<solo:{s}>"] = float((t_el.matrix(torch.float64) * const[s]).sum())
+                if sum(new_terms.values()) >= sum(old_terms.values()):
                     el[s] = new_el
-                    terms, bt_all = new_terms, moved
+                    terms.update(new_terms)
+                    cache.moved(moved, new_el)
                 times["residual"] += time.perf_counter() - t0
             objective = sum(terms.values())
             trace.append({"iteration": it + 1, "objective": objective,
