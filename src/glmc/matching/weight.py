@@ -13,41 +13,34 @@ Spaces other than the residual one touch only the residual space, so given the r
 they are independent: one iteration solves all of them, then the residual map. Tensors
 inside a head contribute through their circuits (invariant to the inner maps); all others
 through their plain inner product. The objective never decreases: a step that would lower
-it is undone.
+it is undone. The units' steps live in ``problem``, the residual map's in ``residual``.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from glmc.errors import GlmcError
-from glmc.matching.solvers import align_inner, assignment, balancing_map, procrustes
+from glmc.matching.problem import (
+    Problem,
+    WeightMatchingOptions,
+    check_pair,
+    propose_heads,
+    propose_permutation,
+)
+from glmc.matching.residual import ResidualCache, solo_cross, spectral_init
+from glmc.matching.solvers import assignment
 from glmc.models.model import CanonicalModel
-from glmc.symmetry.groups import BlockMatrix, Element, Matrix, Permutation, ones_complement_basis
-from glmc.symmetry.spec import SymmetrySpec
-from glmc.symmetry.transform import Transform, _nested_pairs, apply_axes
+from glmc.symmetry.groups import Element, Permutation
+from glmc.symmetry.transform import Transform, apply_axes, unapply_axes
 
-StateDict = dict[str, torch.Tensor]
-
-
-@dataclass
-class WeightMatchingOptions:
-    residual: str = "orthogonal"  # "orthogonal" | "permutation" | "none"
-    max_iter: int = 15
-    tol: float = 1e-5  # stop when an iteration improves the objective by less (relative)
-    init: str = "spectral"  # "spectral" | "identity": the residual map's starting point
-    weighting: str = "sqrt"  # tables weighted by rows^-1/2 ("sqrt"), rows^-1 ("rows"), "none"
-    #: Keep the residual map fixing the all-ones direction (exportable to LayerNorm models);
-    #: None: when both models are centred (every residual writer mean-zero).
-    fix_ones: bool | None = None
-    #: Per parameter: (axis, boolean mask) of the rows that count (e.g. tokens seen).
-    row_masks: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)
+__all__ = ["MatchResult", "WeightMatchingOptions", "centred_pair", "check_pair",
+           "realign_inner", "weight_matching"]
 
 
 @dataclass
@@ -64,381 +57,6 @@ class MatchResult:
 
 
 # -- the problem ----------------------------------------------------------------------------
-
-
-def check_pair(a: CanonicalModel, b: CanonicalModel) -> None:
-    """Same parameters with the same shapes, all finite (clear errors otherwise)."""
-    for name, ta in a.state.items():
-        if name not in b.state:
-            raise GlmcError(f"model B lacks tensor {name} (shape {list(ta.shape)} in A)")
-        if ta.shape != b.state[name].shape:
-            raise GlmcError(f"tensor {name}: shape {list(ta.shape)} in A, "
-                            f"{list(b.state[name].shape)} in B (different sizes are not "
-                            "supported yet)")
-    extra = sorted(set(b.state) - set(a.state))
-    if extra:
-        raise GlmcError(f"model B has tensor {extra[0]} that A lacks")
-    for who, m in (("A", a), ("B", b)):
-        for name, t in m.state.items():
-            if not bool(torch.isfinite(t).all()):
-                raise GlmcError(f"model {who}: tensor {name} contains NaN or Inf")
-
-
-WEIGHTINGS = {"sqrt": 0.5, "rows": 1.0, "none": 0.0}
-
-
-def _weights(spec: SymmetrySpec, state: StateDict, scheme: str) -> dict[str, float]:
-    """w_t = r_t^(-p), r_t the rows no symmetry touches (vocabulary, positions, classes).
-
-    p = 1/2 ("sqrt"), 1 ("rows") or 0 ("none"): a 50k-token embedding table does not drown
-    the blocks, while a small one (a character vocabulary) still counts.
-    """
-    if scheme not in WEIGHTINGS:
-        raise GlmcError(f"unknown weighting {scheme!r} (one of {', '.join(WEIGHTINGS)})")
-    w = {}
-    for name, tags in spec.axes.items():
-        free = 1
-        for size, tag in zip(state[name].shape, tags, strict=True):
-            if tag is None:
-                free *= size
-        w[name] = float(free) ** -WEIGHTINGS[scheme]
-    return w
-
-
-@dataclass
-class Bundle:
-    """The tensors of one inner space: X (its output side) and Y (its input side)."""
-
-    space: str
-    xs: list[tuple[str, int]]
-    ys: list[tuple[str, int]]
-
-
-def _stack(state: StateDict, parts: list[tuple[str, int]]) -> torch.Tensor:
-    return torch.cat([state[n].movedim(ax, 0).reshape(state[n].shape[ax], -1)
-                      for n, ax in parts], dim=1)
-
-
-def _axis_first(t: torch.Tensor, axis: int) -> torch.Tensor:
-    return t.movedim(axis, 0).reshape(t.shape[axis], -1)
-
-
-class Problem:
-    """Weighted A and B, the spec's units, and the objective's terms."""
-
-    def __init__(self, a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions):
-        spec = a.spec
-        self.spec, self.opts = spec, opts
-        w = _weights(spec, a.state, opts.weighting)
-        self.A: StateDict = {}
-        self.B: StateDict = {}
-        for name in spec.axes:
-            sa, sb = a.state[name], b.state[name]
-            if name in opts.row_masks:
-                axis, mask = opts.row_masks[name]
-                shape = [1] * sa.dim()
-                shape[axis] = -1
-                m = mask.reshape(shape).to(sa.dtype)
-                sa, sb = sa * m, sb * m
-            scale = w[name] ** 0.5
-            if scale != 1.0:  # (no copy of the blocks: they keep weight 1)
-                sa, sb = sa * scale, sb * scale
-            self.A[name], self.B[name] = sa, sb
-        self.dtype = next(iter(self.A.values())).dtype
-        self._balance: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        nested = _nested_pairs(spec)
-        self.inner_of: dict[str, list[str]] = defaultdict(list)
-        for inner, outer in sorted(nested):
-            self.inner_of[outer].append(inner)
-        inner_spaces = {i for i, _ in nested}
-        self.bundles = [
-            Bundle(s, [(n, ax) for n, ax, v in spec.occurrences(s) if v == "out"],
-                   [(n, ax) for n, ax, v in spec.occurrences(s) if v == "in"])
-            for s in sorted(inner_spaces)
-        ]
-        in_bundle = {n for bd in self.bundles for n, _ in bd.xs + bd.ys}
-        self.plain = [n for n in spec.axes if n not in in_bundle]
-        self.residual = [s for s, r in spec.roles.items() if r == "residual"]
-        self.units = [s for s, g in spec.spaces.items()
-                      if g.kind == "permutation" and s not in self.residual]
-        for s in spec.spaces:
-            if spec.spaces[s].kind == "block_invertible" and s not in inner_spaces:
-                raise GlmcError(f"space {s}: a free invertible space is not supported")
-
-    # -- objective --------------------------------------------------------------------------
-    def bundle_gram(self, bd: Bundle, sa: StateDict, sb: StateDict,
-                    diagonal: bool = False) -> torch.Tensor:
-        """(H, H) circuit inner products ⟨X_aᵢᵀ Y_aᵢ, X_bⱼᵀ Y_bⱼ⟩ between heads i of a, j of b
-        (only i = j, shape (H,), with ``diagonal``): tr(X_aᵢ X_bⱼᵀ · (Y_aᵢ Y_bⱼᵀ)ᵀ)."""
-        k = self.spec.spaces[bd.space].block
-        xa, xb = _stack(sa, bd.xs), _stack(sb, bd.xs)
-        ya, yb = _stack(sa, bd.ys), _stack(sb, bd.ys)
-        h = xa.shape[0] // k
-        xa, xb, ya, yb = (t.view(h, k, -1) for t in (xa, xb, ya, yb))
-        if diagonal:
-            return ((xa @ xb.mT) * (ya @ yb.mT)).sum((1, 2))
-        gx = (xa.reshape(h * k, -1) @ xb.reshape(h * k, -1).T).view(h, k, h, k)
-        gy = (ya.reshape(h * k, -1) @ yb.reshape(h * k, -1).T).view(h, k, h, k)
-        return (gx * gy).sum((1, 3))
-
-    def terms(self, bt: StateDict, names: set[str] | None = None) -> dict[str, float]:
-        """Objective terms of the transformed B ``bt`` (plain tensors and bundles)."""
-        out = {}
-        for n in self.plain:
-            if n in bt and (names is None or n in names):
-                out[n] = float((self.A[n] * bt[n]).sum())
-        for bd in self.bundles:
-            key = f"<{bd.space}>"
-            if bd.xs[0][0] in bt and (names is None or key in names):
-                out[key] = float(self.bundle_gram(bd, self.A, bt, diagonal=True).sum())
-        return out
-
-    def balancing(self, bd: Bundle) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per head, the balancing maps (H, k, k) of A's and of B's own heads, computed once:
-        they depend on neither the residual map (it leaves the Grams alone) nor the others."""
-        if bd.space not in self._balance:
-            k = self.spec.spaces[bd.space].block
-            maps = []
-            for s in (self.A, self.B):
-                x, y = _stack(s, bd.xs), _stack(s, bd.ys)
-                h = x.shape[0] // k
-                maps.append(balancing_map(x.view(h, k, -1), y.view(h, k, -1)))
-            self._balance[bd.space] = (maps[0], maps[1])
-        return self._balance[bd.space]
-
-    def norm(self) -> float:
-        sq = {}
-        for who, s in (("a", self.A), ("b", self.B)):
-            total = sum(float(s[n].pow(2).sum()) for n in self.plain)
-            total += sum(float(self.bundle_gram(bd, s, s, diagonal=True).sum())
-                         for bd in self.bundles)
-            sq[who] = total
-        return (sq["a"] * sq["b"]) ** 0.5
-
-    def term_names(self, space: str) -> set[str]:
-        """The objective terms that ``space`` (or the inner spaces nested in it) touches."""
-        names = set()
-        for s in [space, *self.inner_of.get(space, [])]:
-            for n, _, _ in self.spec.occurrences(s):
-                names.add(n)
-        keys = {n for n in names if n in self.plain}
-        keys |= {f"<{bd.space}>" for bd in self.bundles if {n for n, _ in bd.xs} & names}
-        return keys
-
-    def apply(self, elements: dict[str, Element], exclude: set[str],
-              names: list[str] | None = None) -> StateDict:
-        """B with every element applied except those of the spaces in ``exclude``."""
-        use = {k: e for k, e in elements.items() if k not in exclude}
-        return {n: apply_axes(self.B[n], self.spec.axes[n], use)
-                for n in (names if names is not None else self.spec.axes)}
-
-
-# -- the units ------------------------------------------------------------------------------
-
-
-def _cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> torch.Tensor:
-    """M = Σ over (tensor, axis) of ``space``: A_axis-first · B̃_axis-firstᵀ, (n, n).
-
-    ``bt`` holds B with every space but ``space`` applied (tensors it lacks are skipped). The
-    occurrences are concatenated into one product. Where the space acts on a tensor twice (a
-    circuit-form attention weight) the term is quadratic: it is linearised at the current
-    element, applied on the other axis.
-    """
-    counts: dict[str, int] = defaultdict(int)
-    for n, _, _ in prob.spec.occurrences(space):
-        counts[n] += 1
-    left, right = [], []
-    for n, axis, _ in prob.spec.occurrences(space):
-        if n not in bt:
-            continue
-        b = bt[n]
-        if counts[n] > 1:
-            b = apply_axes(b, prob.spec.axes[n], {space: el[space]}, skip={(axis, space)})
-        left.append(_axis_first(prob.A[n], axis))
-        right.append(_axis_first(b, axis))
-    return torch.cat(left, 1) @ torch.cat(right, 1).T
-
-
-def _current(el: dict[str, Element], space: str) -> torch.Tensor | None:
-    """The current permutation of ``space`` (a warm start for the assignment), if any."""
-    cur = el[space]
-    return cur.perm if isinstance(cur, Permutation) else None
-
-
-@dataclass
-class Proposal:
-    """One unit's step: an assignment problem, and how its solution becomes elements."""
-
-    cost: torch.Tensor
-    current: torch.Tensor | None
-    finish: Callable[[torch.Tensor], dict[str, Element]]
-
-
-def _propose_permutation(prob: Problem, space: str, el: dict[str, Element],
-                         bt: StateDict) -> Proposal:
-    block = prob.spec.spaces[space].block
-    return Proposal(_cross(prob, space, el, bt), _current(el, space),
-                    lambda perm: {space: Permutation(perm, block)})
-
-
-def _propose_heads(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> Proposal:
-    """Assign heads by circuit similarity, then align each matched head's inner bases."""
-    k = prob.spec.spaces[space].block
-    bundles = [bd for bd in prob.bundles if bd.space in prob.inner_of[space]]
-    cost = sum(prob.bundle_gram(bd, prob.A, bt) for bd in bundles)
-
-    def finish(sigma: torch.Tensor) -> dict[str, Element]:
-        out: dict[str, Element] = {space: Permutation(sigma, k)}
-        inv_sigma = torch.argsort(sigma)
-        for bd in bundles:
-            group_in = prob.spec.spaces[bd.space]
-            xa, ya = _stack(prob.A, bd.xs), _stack(prob.A, bd.ys)
-            xb, yb = _stack(bt, bd.xs), _stack(bt, bd.ys)
-            h = xa.shape[0] // k
-            xa, ya, xb, yb = (t.view(h, k, -1) for t in (xa, ya, xb, yb))
-            # Block j of the inner map aligns B's head j to the head of A it is assigned to.
-            invertible = group_in.kind == "block_invertible"
-            balance = None
-            if invertible:
-                na, nb = prob.balancing(bd)
-                balance = (na[inv_sigma], nb)
-            blocks = align_inner(xa[inv_sigma], ya[inv_sigma], xb, yb, invertible=invertible,
-                                 balance=balance)
-            out[bd.space] = BlockMatrix(blocks, orthogonal=not invertible)
-        return out
-
-    return Proposal(cost, _current(el, space), finish)
-
-
-def _residual_cross(prob: Problem, space: str, bt: StateDict) -> torch.Tensor:
-    """Σ over occurrences of ``space`` in ``bt``'s tensors: A_axis-first · B̃_axis-firstᵀ."""
-    m = None
-    for n, axis, _ in prob.spec.occurrences(space):
-        if n in bt:
-            c = (_axis_first(prob.A[n], axis) @ _axis_first(bt[n], axis).T).double()
-            m = c if m is None else m + c
-    return m
-
-
-def _spectral_init(prob: Problem, space: str) -> Element:
-    """Residual map from invariants: T·G_B·Tᵀ = G_A for the Gram matrices of every tensor
-    whose other axes carry only permutation/orthogonal spaces; the eigenvector signs come
-    from the tensors that only the residual space touches."""
-    spec = prob.spec
-    ga = gb = m_ro = None
-    for n, axis, _ in spec.occurrences(space):
-        others = spec.spaces_of(n) - {space}
-        if any(spec.spaces[s].kind == "block_invertible" for s in others):
-            continue
-        a, b = _axis_first(prob.A[n], axis), _axis_first(prob.B[n], axis)
-        ga = a @ a.T if ga is None else ga + a @ a.T
-        gb = b @ b.T if gb is None else gb + b @ b.T
-        if not others:
-            m_ro = a @ b.T if m_ro is None else m_ro + a @ b.T
-    d = prob.spec.spaces[space].size
-    if ga is None:
-        return Matrix(torch.eye(d), True)
-    q = (ones_complement_basis(d) if prob.opts.fix_ones else torch.eye(d, dtype=torch.float64))
-    ga, gb = q.T @ ga.double() @ q, q.T @ gb.double() @ q
-    _, ua = torch.linalg.eigh(ga)
-    _, ub = torch.linalg.eigh(gb)
-    if m_ro is not None:
-        signs = torch.sign(torch.diagonal(ua.T @ (q.T @ m_ro.double() @ q) @ ub))
-        signs[signs == 0] = 1
-    else:
-        signs = torch.ones(ua.shape[1], dtype=torch.float64)
-    t = q @ (ua * signs) @ ub.T @ q.T
-    if prob.opts.fix_ones:
-        t = t + torch.full((d, d), 1.0 / d, dtype=torch.float64)
-    if prob.opts.residual == "permutation":
-        return Permutation(assignment(t))
-    return Matrix(t.to(prob.A[next(iter(prob.A))].dtype), True)
-
-
-class ResidualCache:
-    """The residual step without touching most of the model.
-
-    Every tensor the residual space acts on once keeps its cross-correlation
-    C_n = A_n·B̂_nᵀ (B̂: B with every other element applied, not the residual map), which only
-    changes when its own unit's assignment does. Then the residual step needs only Σ C_n, and
-    a tensor's term is ⟨T, C_n⟩. B̃ (``bt_all``) may lag behind the residual map for tensors
-    whose units are not due; ``refresh`` brings them up to date before their unit is solved.
-    Tensors in head bundles (circuit terms, and inner maps that move even when the heads'
-    assignment does not) and tensors the space acts on twice are kept fresh instead.
-    """
-
-    def __init__(self, prob: Problem, space: str, t: Element, bt_all: StateDict) -> None:
-        self.prob, self.space, self.bt_all = prob, space, bt_all
-        counts: dict[str, int] = defaultdict(int)
-        for n, _, _ in prob.spec.occurrences(space):
-            if n in bt_all:
-                counts[n] += 1
-        bundled = {n for bd in prob.bundles for n, _ in bd.xs + bd.ys}
-        self.fresh = sorted(n for n in bt_all if n in bundled or counts.get(n, 0) > 1)
-        self.direct = [n for n in self.fresh if n in counts]  # its M term computed each time
-        self.axis = {n: ax for n, ax, _ in prob.spec.occurrences(space)
-                     if counts.get(n) == 1 and n not in self.fresh}
-        self.at = dict.fromkeys(counts, t)  # the residual element applied to bt_all[n]
-        self.cross: dict[str, torch.Tensor] = {}
-        self.recross(list(self.axis))
-
-    def refresh(self, names: list[str], el: dict[str, Element]) -> None:
-        t = el[self.space]
-        for n in names:
-            if n in self.at and self.at[n] is not t:
-                step = t.compose(self.at[n].inverse())
-                self.bt_all[n] = apply_axes(self.bt_all[n], self.prob.spec.axes[n],
-                                            {self.space: step})
-                self.at[n] = t
-
-    def recross(self, names: list[str]) -> None:
-        """C_n = A·B̃ᵀ·T for fresh tensors (B̃ = T·B̂ on the residual axis)."""
-        for n in names:
-            if n in self.axis:
-                ax = self.axis[n]
-                c = _axis_first(self.prob.A[n], ax) @ _axis_first(self.bt_all[n], ax).T
-                self.cross[n] = c.double() @ self.at[n].matrix(torch.float64)
-
-    def solve(self, el: dict[str, Element], const: torch.Tensor) -> Element:
-        self.refresh(self.fresh, el)
-        m = sum(self.cross.values(), const.clone())
-        if self.direct:  # (quadratic terms are linearised at T)
-            c = _residual_cross(self.prob, self.space, {n: self.bt_all[n] for n in self.direct})
-            m = m + c @ el[self.space].matrix(torch.float64)
-        if self.prob.opts.residual == "permutation":
-            return Permutation(assignment(m, _current(el, self.space)))
-        return Matrix(procrustes(m, self.prob.opts.fix_ones).to(self.prob.dtype),
-                      orthogonal=True)
-
-    def terms(self, t: Element, el: dict[str, Element]) -> tuple[dict[str, float], StateDict]:
-        """The objective terms under residual map ``t`` and the fresh tensors moved to it."""
-        if t is el[self.space]:
-            moved = {n: self.bt_all[n] for n in self.fresh}
-        else:
-            step = t.compose(el[self.space].inverse())
-            moved = {n: apply_axes(self.bt_all[n], self.prob.spec.axes[n], {self.space: step})
-                     for n in self.fresh}
-        out = self.prob.terms(moved)
-        tm = t.matrix(torch.float64)
-        for n, c in self.cross.items():
-            if n in self.prob.plain:
-                out[n] = float((tm * c).sum())
-        return out, moved
-
-    def moved(self, moved: StateDict, t: Element) -> None:
-        self.bt_all.update(moved)
-        for n in moved:
-            if n in self.at:
-                self.at[n] = t
-
-
-def _solo_cross(prob: Problem, space: str, names: list[str]) -> torch.Tensor:
-    d = prob.spec.spaces[space].size
-    m = torch.zeros(d, d, dtype=torch.float64)  # computed once: worth full precision
-    for n, axis, _ in prob.spec.occurrences(space):
-        if n in names:
-            m += _axis_first(prob.A[n], axis).double() @ _axis_first(prob.B[n], axis).double().T
-    return m
 
 
 def centred_pair(a: CanonicalModel, b: CanonicalModel) -> bool:
@@ -459,20 +77,11 @@ def realign_inner(a: CanonicalModel, b: CanonicalModel, transform: Transform,
         names = sorted({n for s in mine for n, _, _ in spec.occurrences(s)})
         others = {k: e for k, e in el.items() if k not in mine}
         bt = {n: apply_axes(prob.B[n], spec.axes[n], others) for n in names}
-        el.update(_propose_heads(prob, unit, el, bt).finish(el[unit].perm))
+        el.update(propose_heads(prob, unit, el, bt).finish(el[unit].perm))
     return Transform(el)
 
 
 # -- the loop -------------------------------------------------------------------------------
-
-
-def unapply_axes(x: torch.Tensor, tags: tuple, elements: dict[str, Element]) -> torch.Tensor:
-    """Undo ``apply_axes(x, tags, elements)`` (inverses, in reverse order)."""
-    for axis, tag in enumerate(tags):
-        for space, variance in reversed(tag or ()):
-            if space in elements:
-                x = elements[space].inverse().apply(x, axis, variance)
-    return x
 
 
 def weight_matching(
@@ -499,12 +108,12 @@ def weight_matching(
         if opts.residual == "permutation":
             el[s] = Permutation(torch.arange(spec.spaces[s].size))
         if opts.init == "spectral":
-            el[s] = _spectral_init(prob, s)
+            el[s] = spectral_init(prob, s)
     # Tensors only the residual space touches (embedding tables, the head, biases) enter
     # through one constant cross-correlation: their term is ⟨T, A·Bᵀ⟩, never re-applied.
     solo = {s: [n for n, _, _ in spec.occurrences(s) if spec.spaces_of(n) == {s}]
             for s in residual}
-    const = {s: _solo_cross(prob, s, solo[s]) for s in residual}
+    const = {s: solo_cross(prob, s, solo[s]) for s in residual}
     skip = {n for names in solo.values() for n in names}
     bt_all = prob.apply(el, set(), [n for n in spec.axes if n not in skip])
     cache = ResidualCache(prob, residual[0], el[residual[0]], bt_all) if residual else None
@@ -542,7 +151,7 @@ def weight_matching(
                         cache.refresh(names, el)
                     bt = {n: unapply_axes(bt_all[n], spec.axes[n], {k: el[k] for k in mine})
                           for n in names}
-                    propose = _propose_heads if prob.inner_of.get(unit) else _propose_permutation
+                    propose = propose_heads if prob.inner_of.get(unit) else propose_permutation
                     prop = propose(prob, unit, el, bt)
                     future = pool.submit(assignment, prop.cost, prop.current)
                     in_flight.append((unit, names, bt, prop, future, time.perf_counter() - t0))

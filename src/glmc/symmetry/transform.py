@@ -36,7 +36,16 @@ def apply_axes(
     return x
 
 
-def _nested_pairs(spec: SymmetrySpec) -> set[tuple[str, str]]:
+def unapply_axes(x: torch.Tensor, tags: tuple, elements: dict[str, Element]) -> torch.Tensor:
+    """Undo ``apply_axes(x, tags, elements)`` (inverses, in reverse order)."""
+    for axis, tag in enumerate(tags):
+        for space, variance in reversed(tag or ()):
+            if space in elements:
+                x = elements[space].inverse().apply(x, axis, variance)
+    return x
+
+
+def nested_pairs(spec: SymmetrySpec) -> set[tuple[str, str]]:
     """(inner, outer) spaces that share an axis, inner applied first."""
     pairs = set()
     for tags in spec.axes.values():
@@ -88,7 +97,7 @@ class Transform:
 
     def inverse(self, spec: SymmetrySpec) -> Transform:
         out = {k: e.inverse() for k, e in self.elements.items()}
-        for inner, outer in _nested_pairs(spec):
+        for inner, outer in nested_pairs(spec):
             if inner in out and outer in self.elements:
                 perm = self.elements[outer].perm  # type: ignore[attr-defined]
                 out[inner] = _permute_blocks(out[inner], perm)
@@ -97,7 +106,7 @@ class Transform:
     def compose(self, other: Transform, spec: SymmetrySpec) -> Transform:
         """``self ∘ other``: apply ``other`` first."""
         first = dict(self.elements)
-        for inner, outer in _nested_pairs(spec):
+        for inner, outer in nested_pairs(spec):
             if inner in first and outer in other.elements:
                 perm = other.elements[outer].perm  # type: ignore[attr-defined]
                 first[inner] = _permute_blocks(first[inner], torch.argsort(perm))

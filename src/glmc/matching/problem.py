@@ -1,0 +1,277 @@
+"""The weight-matching problem: weighted models, the spec's units, the objective's terms,
+and each unit's step (an assignment problem and how its solution becomes group elements)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from glmc.errors import GlmcError
+from glmc.matching.solvers import align_inner, balancing_map
+from glmc.models.model import CanonicalModel
+from glmc.symmetry.groups import BlockMatrix, Element, Permutation
+from glmc.symmetry.spec import SymmetrySpec
+from glmc.symmetry.transform import apply_axes, nested_pairs
+
+StateDict = dict[str, torch.Tensor]
+
+
+@dataclass
+class WeightMatchingOptions:
+    residual: str = "orthogonal"  # "orthogonal" | "permutation" | "none"
+    max_iter: int = 15
+    tol: float = 1e-5  # stop when an iteration improves the objective by less (relative)
+    init: str = "spectral"  # "spectral" | "identity": the residual map's starting point
+    weighting: str = "sqrt"  # tables weighted by rows^-1/2 ("sqrt"), rows^-1 ("rows"), "none"
+    #: Keep the residual map fixing the all-ones direction (exportable to LayerNorm models);
+    #: None: when both models are centred (every residual writer mean-zero).
+    fix_ones: bool | None = None
+    #: Per parameter: (axis, boolean mask) of the rows that count (e.g. tokens seen).
+    row_masks: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)
+
+
+def check_pair(a: CanonicalModel, b: CanonicalModel) -> None:
+    """Same parameters with the same shapes, all finite (clear errors otherwise)."""
+    for name, ta in a.state.items():
+        if name not in b.state:
+            raise GlmcError(f"model B lacks tensor {name} (shape {list(ta.shape)} in A)")
+        if ta.shape != b.state[name].shape:
+            raise GlmcError(f"tensor {name}: shape {list(ta.shape)} in A, "
+                            f"{list(b.state[name].shape)} in B (different sizes are not "
+                            "supported yet)")
+    extra = sorted(set(b.state) - set(a.state))
+    if extra:
+        raise GlmcError(f"model B has tensor {extra[0]} that A lacks")
+    for who, m in (("A", a), ("B", b)):
+        for name, t in m.state.items():
+            if not bool(torch.isfinite(t).all()):
+                raise GlmcError(f"model {who}: tensor {name} contains NaN or Inf")
+
+
+WEIGHTINGS = {"sqrt": 0.5, "rows": 1.0, "none": 0.0}
+
+
+def tensor_weights(spec: SymmetrySpec, state: StateDict, scheme: str) -> dict[str, float]:
+    """w_t = r_t^(-p), r_t the rows no symmetry touches (vocabulary, positions, classes).
+
+    p = 1/2 ("sqrt"), 1 ("rows") or 0 ("none"): a 50k-token embedding table does not drown
+    the blocks, while a small one (a character vocabulary) still counts.
+    """
+    if scheme not in WEIGHTINGS:
+        raise GlmcError(f"unknown weighting {scheme!r} (one of {', '.join(WEIGHTINGS)})")
+    w = {}
+    for name, tags in spec.axes.items():
+        free = 1
+        for size, tag in zip(state[name].shape, tags, strict=True):
+            if tag is None:
+                free *= size
+        w[name] = float(free) ** -WEIGHTINGS[scheme]
+    return w
+
+
+@dataclass
+class Bundle:
+    """The tensors of one inner space: X (its output side) and Y (its input side)."""
+
+    space: str
+    xs: list[tuple[str, int]]
+    ys: list[tuple[str, int]]
+
+
+def stack(state: StateDict, parts: list[tuple[str, int]]) -> torch.Tensor:
+    return torch.cat([state[n].movedim(ax, 0).reshape(state[n].shape[ax], -1)
+                      for n, ax in parts], dim=1)
+
+
+def axis_first(t: torch.Tensor, axis: int) -> torch.Tensor:
+    return t.movedim(axis, 0).reshape(t.shape[axis], -1)
+
+
+class Problem:
+    """Weighted A and B, the spec's units, and the objective's terms."""
+
+    def __init__(self, a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions):
+        spec = a.spec
+        self.spec, self.opts = spec, opts
+        w = tensor_weights(spec, a.state, opts.weighting)
+        self.A: StateDict = {}
+        self.B: StateDict = {}
+        for name in spec.axes:
+            sa, sb = a.state[name], b.state[name]
+            if name in opts.row_masks:
+                axis, mask = opts.row_masks[name]
+                shape = [1] * sa.dim()
+                shape[axis] = -1
+                m = mask.reshape(shape).to(sa.dtype)
+                sa, sb = sa * m, sb * m
+            scale = w[name] ** 0.5
+            if scale != 1.0:  # (no copy of the blocks: they keep weight 1)
+                sa, sb = sa * scale, sb * scale
+            self.A[name], self.B[name] = sa, sb
+        self.dtype = next(iter(self.A.values())).dtype
+        self._balance: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        nested = nested_pairs(spec)
+        self.inner_of: dict[str, list[str]] = defaultdict(list)
+        for inner, outer in sorted(nested):
+            self.inner_of[outer].append(inner)
+        inner_spaces = {i for i, _ in nested}
+        self.bundles = [
+            Bundle(s, [(n, ax) for n, ax, v in spec.occurrences(s) if v == "out"],
+                   [(n, ax) for n, ax, v in spec.occurrences(s) if v == "in"])
+            for s in sorted(inner_spaces)
+        ]
+        in_bundle = {n for bd in self.bundles for n, _ in bd.xs + bd.ys}
+        self.plain = [n for n in spec.axes if n not in in_bundle]
+        self.residual = [s for s, r in spec.roles.items() if r == "residual"]
+        self.units = [s for s, g in spec.spaces.items()
+                      if g.kind == "permutation" and s not in self.residual]
+        for s in spec.spaces:
+            if spec.spaces[s].kind == "block_invertible" and s not in inner_spaces:
+                raise GlmcError(f"space {s}: a free invertible space is not supported")
+
+    # -- objective --------------------------------------------------------------------------
+    def bundle_gram(self, bd: Bundle, sa: StateDict, sb: StateDict,
+                    diagonal: bool = False) -> torch.Tensor:
+        """(H, H) circuit inner products ⟨X_aᵢᵀ Y_aᵢ, X_bⱼᵀ Y_bⱼ⟩ between heads i of a, j of b
+        (only i = j, shape (H,), with ``diagonal``): tr(X_aᵢ X_bⱼᵀ · (Y_aᵢ Y_bⱼᵀ)ᵀ)."""
+        k = self.spec.spaces[bd.space].block
+        xa, xb = stack(sa, bd.xs), stack(sb, bd.xs)
+        ya, yb = stack(sa, bd.ys), stack(sb, bd.ys)
+        h = xa.shape[0] // k
+        xa, xb, ya, yb = (t.view(h, k, -1) for t in (xa, xb, ya, yb))
+        if diagonal:
+            return ((xa @ xb.mT) * (ya @ yb.mT)).sum((1, 2))
+        gx = (xa.reshape(h * k, -1) @ xb.reshape(h * k, -1).T).view(h, k, h, k)
+        gy = (ya.reshape(h * k, -1) @ yb.reshape(h * k, -1).T).view(h, k, h, k)
+        return (gx * gy).sum((1, 3))
+
+    def terms(self, bt: StateDict, names: set[str] | None = None) -> dict[str, float]:
+        """Objective terms of the transformed B ``bt`` (plain tensors and bundles)."""
+        out = {}
+        for n in self.plain:
+            if n in bt and (names is None or n in names):
+                out[n] = float((self.A[n] * bt[n]).sum())
+        for bd in self.bundles:
+            key = f"<{bd.space}>"
+            if bd.xs[0][0] in bt and (names is None or key in names):
+                out[key] = float(self.bundle_gram(bd, self.A, bt, diagonal=True).sum())
+        return out
+
+    def balancing(self, bd: Bundle) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per head, the balancing maps (H, k, k) of A's and of B's own heads, computed once:
+        they depend on neither the residual map (it leaves the Grams alone) nor the others."""
+        if bd.space not in self._balance:
+            k = self.spec.spaces[bd.space].block
+            maps = []
+            for s in (self.A, self.B):
+                x, y = stack(s, bd.xs), stack(s, bd.ys)
+                h = x.shape[0] // k
+                maps.append(balancing_map(x.view(h, k, -1), y.view(h, k, -1)))
+            self._balance[bd.space] = (maps[0], maps[1])
+        return self._balance[bd.space]
+
+    def norm(self) -> float:
+        sq = {}
+        for who, s in (("a", self.A), ("b", self.B)):
+            total = sum(float(s[n].pow(2).sum()) for n in self.plain)
+            total += sum(float(self.bundle_gram(bd, s, s, diagonal=True).sum())
+                         for bd in self.bundles)
+            sq[who] = total
+        return (sq["a"] * sq["b"]) ** 0.5
+
+    def term_names(self, space: str) -> set[str]:
+        """The objective terms that ``space`` (or the inner spaces nested in it) touches."""
+        names = set()
+        for s in [space, *self.inner_of.get(space, [])]:
+            for n, _, _ in self.spec.occurrences(s):
+                names.add(n)
+        keys = {n for n in names if n in self.plain}
+        keys |= {f"<{bd.space}>" for bd in self.bundles if {n for n, _ in bd.xs} & names}
+        return keys
+
+    def apply(self, elements: dict[str, Element], exclude: set[str],
+              names: list[str] | None = None) -> StateDict:
+        """B with every element applied except those of the spaces in ``exclude``."""
+        use = {k: e for k, e in elements.items() if k not in exclude}
+        return {n: apply_axes(self.B[n], self.spec.axes[n], use)
+                for n in (names if names is not None else self.spec.axes)}
+
+
+# -- the units ------------------------------------------------------------------------------
+
+
+def cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> torch.Tensor:
+    """M = Σ over (tensor, axis) of ``space``: A_axis-first · B̃_axis-firstᵀ, (n, n).
+
+    ``bt`` holds B with every space but ``space`` applied (tensors it lacks are skipped). The
+    occurrences are concatenated into one product. Where the space acts on a tensor twice (a
+    circuit-form attention weight) the term is quadratic: it is linearised at the current
+    element, applied on the other axis.
+    """
+    counts: dict[str, int] = defaultdict(int)
+    for n, _, _ in prob.spec.occurrences(space):
+        counts[n] += 1
+    left, right = [], []
+    for n, axis, _ in prob.spec.occurrences(space):
+        if n not in bt:
+            continue
+        b = bt[n]
+        if counts[n] > 1:
+            b = apply_axes(b, prob.spec.axes[n], {space: el[space]}, skip={(axis, space)})
+        left.append(axis_first(prob.A[n], axis))
+        right.append(axis_first(b, axis))
+    return torch.cat(left, 1) @ torch.cat(right, 1).T
+
+
+def current_perm(el: dict[str, Element], space: str) -> torch.Tensor | None:
+    """The current permutation of ``space`` (a warm start for the assignment), if any."""
+    cur = el[space]
+    return cur.perm if isinstance(cur, Permutation) else None
+
+
+@dataclass
+class Proposal:
+    """One unit's step: an assignment problem, and how its solution becomes elements."""
+
+    cost: torch.Tensor
+    current: torch.Tensor | None
+    finish: Callable[[torch.Tensor], dict[str, Element]]
+
+
+def propose_permutation(prob: Problem, space: str, el: dict[str, Element],
+                         bt: StateDict) -> Proposal:
+    block = prob.spec.spaces[space].block
+    return Proposal(cross(prob, space, el, bt), current_perm(el, space),
+                    lambda perm: {space: Permutation(perm, block)})
+
+
+def propose_heads(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> Proposal:
+    """Assign heads by circuit similarity, then align each matched head's inner bases."""
+    k = prob.spec.spaces[space].block
+    bundles = [bd for bd in prob.bundles if bd.space in prob.inner_of[space]]
+    cost = sum(prob.bundle_gram(bd, prob.A, bt) for bd in bundles)
+
+    def finish(sigma: torch.Tensor) -> dict[str, Element]:
+        out: dict[str, Element] = {space: Permutation(sigma, k)}
+        inv_sigma = torch.argsort(sigma)
+        for bd in bundles:
+            group_in = prob.spec.spaces[bd.space]
+            xa, ya = stack(prob.A, bd.xs), stack(prob.A, bd.ys)
+            xb, yb = stack(bt, bd.xs), stack(bt, bd.ys)
+            h = xa.shape[0] // k
+            xa, ya, xb, yb = (t.view(h, k, -1) for t in (xa, ya, xb, yb))
+            # Block j of the inner map aligns B's head j to the head of A it is assigned to.
+            invertible = group_in.kind == "block_invertible"
+            balance = None
+            if invertible:
+                na, nb = prob.balancing(bd)
+                balance = (na[inv_sigma], nb)
+            blocks = align_inner(xa[inv_sigma], ya[inv_sigma], xb, yb, invertible=invertible,
+                                 balance=balance)
+            out[bd.space] = BlockMatrix(blocks, orthogonal=not invertible)
+        return out
+
+    return Proposal(cost, current_perm(el, space), finish)

@@ -1,0 +1,143 @@
+"""The residual map's step: its start (a spectral estimate) and the cache that makes it cheap."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from glmc.matching.problem import Problem, StateDict, axis_first, current_perm
+from glmc.matching.solvers import assignment, procrustes
+from glmc.symmetry.groups import Element, Matrix, Permutation, ones_complement_basis
+from glmc.symmetry.transform import apply_axes
+
+
+def residual_cross(prob: Problem, space: str, bt: StateDict) -> torch.Tensor:
+    """Σ over occurrences of ``space`` in ``bt``'s tensors: A_axis-first · B̃_axis-firstᵀ."""
+    m = None
+    for n, axis, _ in prob.spec.occurrences(space):
+        if n in bt:
+            c = (axis_first(prob.A[n], axis) @ axis_first(bt[n], axis).T).double()
+            m = c if m is None else m + c
+    return m
+
+
+def spectral_init(prob: Problem, space: str) -> Element:
+    """Residual map from invariants: T·G_B·Tᵀ = G_A for the Gram matrices of every tensor
+    whose other axes carry only permutation/orthogonal spaces; the eigenvector signs come
+    from the tensors that only the residual space touches."""
+    spec = prob.spec
+    ga = gb = m_ro = None
+    for n, axis, _ in spec.occurrences(space):
+        others = spec.spaces_of(n) - {space}
+        if any(spec.spaces[s].kind == "block_invertible" for s in others):
+            continue
+        a, b = axis_first(prob.A[n], axis), axis_first(prob.B[n], axis)
+        ga = a @ a.T if ga is None else ga + a @ a.T
+        gb = b @ b.T if gb is None else gb + b @ b.T
+        if not others:
+            m_ro = a @ b.T if m_ro is None else m_ro + a @ b.T
+    d = prob.spec.spaces[space].size
+    if ga is None:
+        return Matrix(torch.eye(d), True)
+    q = (ones_complement_basis(d) if prob.opts.fix_ones else torch.eye(d, dtype=torch.float64))
+    ga, gb = q.T @ ga.double() @ q, q.T @ gb.double() @ q
+    _, ua = torch.linalg.eigh(ga)
+    _, ub = torch.linalg.eigh(gb)
+    if m_ro is not None:
+        signs = torch.sign(torch.diagonal(ua.T @ (q.T @ m_ro.double() @ q) @ ub))
+        signs[signs == 0] = 1
+    else:
+        signs = torch.ones(ua.shape[1], dtype=torch.float64)
+    t = q @ (ua * signs) @ ub.T @ q.T
+    if prob.opts.fix_ones:
+        t = t + torch.full((d, d), 1.0 / d, dtype=torch.float64)
+    if prob.opts.residual == "permutation":
+        return Permutation(assignment(t))
+    return Matrix(t.to(prob.A[next(iter(prob.A))].dtype), True)
+
+
+class ResidualCache:
+    """The residual step without touching most of the model.
+
+    Every tensor the residual space acts on once keeps its cross-correlation
+    C_n = A_n·B̂_nᵀ (B̂: B with every other element applied, not the residual map), which only
+    changes when its own unit's assignment does. Then the residual step needs only Σ C_n, and
+    a tensor's term is ⟨T, C_n⟩. B̃ (``bt_all``) may lag behind the residual map for tensors
+    whose units are not due; ``refresh`` brings them up to date before their unit is solved.
+    Tensors in head bundles (circuit terms, and inner maps that move even when the heads'
+    assignment does not) and tensors the space acts on twice are kept fresh instead.
+    """
+
+    def __init__(self, prob: Problem, space: str, t: Element, bt_all: StateDict) -> None:
+        self.prob, self.space, self.bt_all = prob, space, bt_all
+        counts: dict[str, int] = defaultdict(int)
+        for n, _, _ in prob.spec.occurrences(space):
+            if n in bt_all:
+                counts[n] += 1
+        bundled = {n for bd in prob.bundles for n, _ in bd.xs + bd.ys}
+        self.fresh = sorted(n for n in bt_all if n in bundled or counts.get(n, 0) > 1)
+        self.direct = [n for n in self.fresh if n in counts]  # its M term computed each time
+        self.axis = {n: ax for n, ax, _ in prob.spec.occurrences(space)
+                     if counts.get(n) == 1 and n not in self.fresh}
+        self.at = dict.fromkeys(counts, t)  # the residual element applied to bt_all[n]
+        self.cross: dict[str, torch.Tensor] = {}
+        self.recross(list(self.axis))
+
+    def refresh(self, names: list[str], el: dict[str, Element]) -> None:
+        t = el[self.space]
+        for n in names:
+            if n in self.at and self.at[n] is not t:
+                step = t.compose(self.at[n].inverse())
+                self.bt_all[n] = apply_axes(self.bt_all[n], self.prob.spec.axes[n],
+                                            {self.space: step})
+                self.at[n] = t
+
+    def recross(self, names: list[str]) -> None:
+        """C_n = A·B̃ᵀ·T for fresh tensors (B̃ = T·B̂ on the residual axis)."""
+        for n in names:
+            if n in self.axis:
+                ax = self.axis[n]
+                c = axis_first(self.prob.A[n], ax) @ axis_first(self.bt_all[n], ax).T
+                self.cross[n] = c.double() @ self.at[n].matrix(torch.float64)
+
+    def solve(self, el: dict[str, Element], const: torch.Tensor) -> Element:
+        self.refresh(self.fresh, el)
+        m = sum(self.cross.values(), const.clone())
+        if self.direct:  # (quadratic terms are linearised at T)
+            c = residual_cross(self.prob, self.space, {n: self.bt_all[n] for n in self.direct})
+            m = m + c @ el[self.space].matrix(torch.float64)
+        if self.prob.opts.residual == "permutation":
+            return Permutation(assignment(m, current_perm(el, self.space)))
+        return Matrix(procrustes(m, self.prob.opts.fix_ones).to(self.prob.dtype),
+                      orthogonal=True)
+
+    def terms(self, t: Element, el: dict[str, Element]) -> tuple[dict[str, float], StateDict]:
+        """The objective terms under residual map ``t`` and the fresh tensors moved to it."""
+        if t is el[self.space]:
+            moved = {n: self.bt_all[n] for n in self.fresh}
+        else:
+            step = t.compose(el[self.space].inverse())
+            moved = {n: apply_axes(self.bt_all[n], self.prob.spec.axes[n], {self.space: step})
+                     for n in self.fresh}
+        out = self.prob.terms(moved)
+        tm = t.matrix(torch.float64)
+        for n, c in self.cross.items():
+            if n in self.prob.plain:
+                out[n] = float((tm * c).sum())
+        return out, moved
+
+    def moved(self, moved: StateDict, t: Element) -> None:
+        self.bt_all.update(moved)
+        for n in moved:
+            if n in self.at:
+                self.at[n] = t
+
+
+def solo_cross(prob: Problem, space: str, names: list[str]) -> torch.Tensor:
+    d = prob.spec.spaces[space].size
+    m = torch.zeros(d, d, dtype=torch.float64)  # computed once: worth full precision
+    for n, axis, _ in prob.spec.occurrences(space):
+        if n in names:
+            m += axis_first(prob.A[n], axis).double() @ axis_first(prob.B[n], axis).double().T
+    return m
