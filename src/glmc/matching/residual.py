@@ -135,9 +135,14 @@ class ResidualCache:
 
 
 def solo_cross(prob: Problem, space: str, names: list[str]) -> torch.Tensor:
+    """Σ A·Bᵀ over the tensors only ``space`` touches, in chunks of columns summed in float64
+    (near double precision at the speed of the models' dtype: a 50k-row embedding table
+    enters once, and its rounding would otherwise limit the residual map's accuracy)."""
     d = prob.spec.spaces[space].size
-    m = torch.zeros(d, d, dtype=torch.float64)  # computed once: worth full precision
+    m = torch.zeros(d, d, dtype=torch.float64)
     for n, axis, _ in prob.spec.occurrences(space):
         if n in names:
-            m += axis_first(prob.A[n], axis).double() @ axis_first(prob.B[n], axis).double().T
+            a, b = axis_first(prob.A[n], axis), axis_first(prob.B[n], axis)
+            for j in range(0, a.shape[1], 2048):
+                m += (a[:, j:j + 2048] @ b[:, j:j + 2048].T).double()
     return m

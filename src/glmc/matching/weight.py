@@ -129,7 +129,7 @@ def weight_matching(
     # unit whose assignment did not change is solved again only every third iteration. The
     # run ends only after a full sweep (every unit solved) that changed almost nothing.
     quiet = dict.fromkeys(units, 0)
-    pool = ThreadPoolExecutor(max_workers=1)  # assignments overlap the next unit's products
+    pool = ThreadPoolExecutor(max_workers=2)  # assignments overlap each other and products
     try:
         for it in range(opts.max_iter):
             times: dict[str, float] = defaultdict(float)
@@ -155,7 +155,7 @@ def weight_matching(
                     prop = propose(prob, unit, el, bt)
                     future = pool.submit(assignment, prop.cost, prop.current)
                     in_flight.append((unit, names, bt, prop, future, time.perf_counter() - t0))
-                while len(in_flight) > (1 if unit is not None else 0):
+                while len(in_flight) > (2 if unit is not None else 0):
                     done, names, bt, prop, future, spent = in_flight.pop(0)
                     t0 = time.perf_counter()
                     new = prop.finish(future.result())
