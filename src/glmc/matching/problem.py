@@ -126,6 +126,9 @@ class Problem:
         in_bundle = {n for bd in self.bundles for n, _ in bd.xs + bd.ys}
         self.plain = [n for n in spec.axes if n not in in_bundle]
         self.residual = [s for s, r in spec.roles.items() if r == "residual"]
+        if len(self.residual) > 1:  # the residual step below solves one stream
+            raise GlmcError(f"the spec has {len(self.residual)} residual spaces; weight "
+                            "matching supports one")
         self.units = [s for s, g in spec.spaces.items()
                       if g.kind == "permutation" and s not in self.residual]
         for s in spec.spaces:

@@ -103,23 +103,22 @@ def weight_matching(
     prob = Problem(a, b, opts)
     spec = prob.spec
     el: dict[str, Element] = {s: g.identity(a.dtype) for s, g in spec.spaces.items()}
-    residual = [] if opts.residual == "none" else prob.residual
-    for s in residual:
+    res = prob.residual[0] if prob.residual and opts.residual != "none" else None
+    solo: list[str] = []
+    if res is not None:
         if opts.residual == "permutation":
-            el[s] = Permutation(torch.arange(spec.spaces[s].size))
+            el[res] = Permutation(torch.arange(spec.spaces[res].size))
         if opts.init == "spectral":
-            el[s] = spectral_init(prob, s)
-    # Tensors only the residual space touches (embedding tables, the head, biases) enter
-    # through one constant cross-correlation: their term is ⟨T, A·Bᵀ⟩, never re-applied.
-    solo = {s: [n for n, _, _ in spec.occurrences(s) if spec.spaces_of(n) == {s}]
-            for s in residual}
-    const = {s: solo_cross(prob, s, solo[s]) for s in residual}
-    skip = {n for names in solo.values() for n in names}
-    bt_all = prob.apply(el, set(), [n for n in spec.axes if n not in skip])
-    cache = ResidualCache(prob, residual[0], el[residual[0]], bt_all) if residual else None
+            el[res] = spectral_init(prob, res)
+        # Tensors only the residual space touches (embedding tables, the head, biases) enter
+        # through one constant cross-correlation: their term is ⟨T, A·Bᵀ⟩, never re-applied.
+        solo = [n for n, _, _ in spec.occurrences(res) if spec.spaces_of(n) == {res}]
+        const = solo_cross(prob, res, solo)
+    bt_all = prob.apply(el, set(), [n for n in spec.axes if n not in solo])
+    cache = ResidualCache(prob, res, el[res], bt_all) if res is not None else None
     terms = prob.terms(bt_all)
-    for s in residual:
-        terms[f"<solo:{s}>"] = float((el[s].matrix(const[s].dtype) * const[s]).sum())
+    if res is not None:
+        terms["<solo>"] = float((el[res].matrix(torch.float64) * const).sum())
     objective = init_objective = sum(terms.values())
     norm = prob.norm()
     trace: list[dict] = []
@@ -139,8 +138,8 @@ def weight_matching(
             changed = 0
             # 1) every non-residual unit given the others (in canonical models they only meet
             #    the residual space, so they are independent and their order is irrelevant).
-            #    Assignments run on a worker thread while the next unit's products are
-            #    computed; at most two units are in flight (each holds an n x n cost).
+            #    Assignments run on two worker threads while the next unit's products are
+            #    computed; at most three units are in flight (each holds an n x n cost).
             in_flight: list = []
             for unit in [*due, None]:  # None: drain
                 if unit is not None:
@@ -178,14 +177,13 @@ def weight_matching(
             # 2) the residual map, given all the others.
             if cache is not None:
                 t0 = time.perf_counter()
-                s = cache.space
-                new_el = cache.solve(el, const[s])
+                new_el = cache.solve(el, const)
                 new_terms, moved = cache.terms(new_el, el)
-                old_terms, _ = cache.terms(el[s], el)  # the same arithmetic, for a fair test
-                for t_el, tt in ((new_el, new_terms), (el[s], old_terms)):
-                    tt[f"<solo:{s}>"] = float((t_el.matrix(torch.float64) * const[s]).sum())
+                old_terms, _ = cache.terms(el[res], el)  # the same arithmetic, for a fair test
+                for t_el, tt in ((new_el, new_terms), (el[res], old_terms)):
+                    tt["<solo>"] = float((t_el.matrix(torch.float64) * const).sum())
                 if sum(new_terms.values()) >= sum(old_terms.values()):
-                    el[s] = new_el
+                    el[res] = new_el
                     terms.update(new_terms)
                     cache.moved(moved, new_el)
                 times["residual"] += time.perf_counter() - t0
