@@ -82,12 +82,24 @@ class Bundle:
 
 
 def stack(state: StateDict, parts: list[tuple[str, int]]) -> torch.Tensor:
-    return torch.cat([state[n].movedim(ax, 0).reshape(state[n].shape[ax], -1)
-                      for n, ax in parts], dim=1)
+    return torch.cat([axis_first(state[n], ax) for n, ax in parts], dim=1)
 
 
 def axis_first(t: torch.Tensor, axis: int) -> torch.Tensor:
+    """(t.shape[axis], rest): a view where the layout allows (a 2-D tensor's transpose)."""
     return t.movedim(axis, 0).reshape(t.shape[axis], -1)
+
+
+def cross_sum(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Σ a·bᵀ over the pairs (each (n, ·) and (m, ·)): accumulated in place, never
+    concatenated (a concatenation would copy every operand, transposed ones included)."""
+    out = None
+    for a, b in pairs:
+        if out is None:
+            out = a @ b.T
+        else:
+            out.addmm_(a, b.T)
+    return out
 
 
 class Problem:
@@ -141,15 +153,18 @@ class Problem:
         """(H, H) circuit inner products ⟨X_aᵢᵀ Y_aᵢ, X_bⱼᵀ Y_bⱼ⟩ between heads i of a, j of b
         (only i = j, shape (H,), with ``diagonal``): tr(X_aᵢ X_bⱼᵀ · (Y_aᵢ Y_bⱼᵀ)ᵀ)."""
         k = self.spec.spaces[bd.space].block
-        xa, xb = stack(sa, bd.xs), stack(sb, bd.xs)
-        ya, yb = stack(sa, bd.ys), stack(sb, bd.ys)
-        h = xa.shape[0] // k
-        xa, xb, ya, yb = (t.view(h, k, -1) for t in (xa, xb, ya, yb))
-        if diagonal:
-            return ((xa @ xb.mT) * (ya @ yb.mT)).sum((1, 2))
-        gx = (xa.reshape(h * k, -1) @ xb.reshape(h * k, -1).T).view(h, k, h, k)
-        gy = (ya.reshape(h * k, -1) @ yb.reshape(h * k, -1).T).view(h, k, h, k)
-        return (gx * gy).sum((1, 3))
+        n = self.spec.spaces[bd.space].size
+        h = n // k
+        grams = []
+        for parts in (bd.xs, bd.ys):
+            pairs = [(axis_first(sa[t], ax), axis_first(sb[t], ax)) for t, ax in parts]
+            if diagonal:  # per head (k, k): the heads' own blocks only
+                pairs = [(a.reshape(h, k, -1), b.reshape(h, k, -1)) for a, b in pairs]
+                grams.append(sum(a @ b.mT for a, b in pairs))
+            else:
+                grams.append(cross_sum(pairs).view(h, k, h, k))
+        gx, gy = grams
+        return (gx * gy).sum((1, 2)) if diagonal else (gx * gy).sum((1, 3))
 
     def terms(self, bt: StateDict, names: set[str] | None = None) -> dict[str, float]:
         """Objective terms of the transformed B ``bt`` (plain tensors and bundles)."""
@@ -209,24 +224,22 @@ class Problem:
 def cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> torch.Tensor:
     """M = Σ over (tensor, axis) of ``space``: A_axis-first · B̃_axis-firstᵀ, (n, n).
 
-    ``bt`` holds B with every space but ``space`` applied (tensors it lacks are skipped). The
-    occurrences are concatenated into one product. Where the space acts on a tensor twice (a
-    circuit-form attention weight) the term is quadratic: it is linearised at the current
-    element, applied on the other axis.
+    ``bt`` holds B with every space but ``space`` applied (tensors it lacks are skipped).
+    Where the space acts on a tensor twice (a circuit-form attention weight) the term is
+    quadratic: it is linearised at the current element, applied on the other axis.
     """
     counts: dict[str, int] = defaultdict(int)
     for n, _, _ in prob.spec.occurrences(space):
         counts[n] += 1
-    left, right = [], []
+    pairs = []
     for n, axis, _ in prob.spec.occurrences(space):
         if n not in bt:
             continue
         b = bt[n]
         if counts[n] > 1:
             b = apply_axes(b, prob.spec.axes[n], {space: el[space]}, skip={(axis, space)})
-        left.append(axis_first(prob.A[n], axis))
-        right.append(axis_first(b, axis))
-    return torch.cat(left, 1) @ torch.cat(right, 1).T
+        pairs.append((axis_first(prob.A[n], axis), axis_first(b, axis)))
+    return cross_sum(pairs)
 
 
 def current_perm(el: dict[str, Element], space: str) -> torch.Tensor | None:

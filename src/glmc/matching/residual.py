@@ -86,11 +86,14 @@ class ResidualCache:
 
     def refresh(self, names: list[str], el: dict[str, Element]) -> None:
         t = el[self.space]
+        steps: dict[int, Element] = {}  # one step per stale map (most tensors share one)
         for n in names:
             if n in self.at and self.at[n] is not t:
-                step = t.compose(self.at[n].inverse())
+                old = self.at[n]
+                if id(old) not in steps:
+                    steps[id(old)] = t.compose(old.inverse())
                 self.bt_all[n] = apply_axes(self.bt_all[n], self.prob.spec.axes[n],
-                                            {self.space: step})
+                                            {self.space: steps[id(old)]})
                 self.at[n] = t
 
     def recross(self, names: list[str]) -> None:
@@ -100,6 +103,31 @@ class ResidualCache:
                 ax = self.axis[n]
                 c = axis_first(self.prob.A[n], ax) @ axis_first(self.bt_all[n], ax).T
                 self.cross[n] = c.double() @ self.at[n].matrix(torch.float64)
+
+    def permuted(self, names: list[str], before: StateDict, space: str, old: Element,
+                 new: Element) -> None:
+        """Update C_n after ``space``'s permutation went from ``old`` to ``new`` (``bt_all``
+        already moved; ``before``: the tensors as they were). Only the slices that moved
+        enter: C_n += A_Uᵀ·(B̃_U − B̃'_U)·T over the changed positions U, a few percent of
+        the product once the permutations settle."""
+        for n in names:
+            if n not in self.axis:
+                continue
+            axes = [i for i, tag in enumerate(self.prob.spec.axes[n])
+                    if any(s == space for s, _ in tag or ())]
+            if (len(axes) != 1 or not isinstance(old, Permutation)
+                    or not isinstance(new, Permutation)):
+                self.recross([n])
+                continue
+            moved = torch.nonzero(old.index() != new.index()).flatten()
+            if 2 * moved.numel() > old.size:
+                self.recross([n])
+                continue
+            ax, u = self.axis[n], axes[0]
+            a = self.prob.A[n].index_select(u, moved)
+            db = self.bt_all[n].index_select(u, moved) - before[n].index_select(u, moved)
+            c = axis_first(a, ax) @ axis_first(db, ax).T
+            self.cross[n] += c.double() @ self.at[n].matrix(torch.float64)
 
     def solve(self, el: dict[str, Element], const: torch.Tensor) -> Element:
         self.refresh(self.fresh, el)

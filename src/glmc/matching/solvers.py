@@ -14,16 +14,20 @@ from scipy.optimize import linear_sum_assignment
 def assignment(m: torch.Tensor, current: torch.Tensor | None = None) -> torch.Tensor:
     """perm maximising Σ_i m[i, perm[i]] (linear assignment).
 
-    When ``current`` already takes the maximum of every row and every column it is optimal
-    (the sum of row maxima bounds every assignment), and the O(n³) solve is skipped.
+    When ``current`` already takes the maximum of every row it is optimal (the sum of row
+    maxima bounds every assignment), and the O(n³) solve is skipped.
     """
+    m = m.detach().cpu()
+    if m.dtype not in (torch.float32, torch.float64):
+        m = m.double()
     if current is not None:
         picked = m[torch.arange(m.shape[0]), current]
-        if bool((picked >= m.max(1).values).all()) and bool(
-            (picked >= m.max(0).values[current]).all()
-        ):
+        if bool((picked >= m.max(1).values).all()):
             return current.clone()
-    _, cols = linear_sum_assignment(m.detach().cpu().double().numpy(), maximize=True)
+    # The minimisation of -m, negated in the one pass that converts it to float64 (scipy's
+    # maximize=True would copy the matrix once more: a third of the solve at n = 3072).
+    cost = np.negative(m.numpy(), dtype=np.float64)
+    _, cols = linear_sum_assignment(cost)
     return torch.from_numpy(np.asarray(cols, dtype=np.int64))
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import torch
@@ -28,6 +29,7 @@ import torch
 from glmc.errors import GlmcError
 from glmc.matching.problem import (
     Problem,
+    StateDict,
     WeightMatchingOptions,
     check_pair,
     propose_heads,
@@ -46,7 +48,9 @@ __all__ = ["MatchResult", "WeightMatchingOptions", "centred_pair", "check_pair",
 @dataclass
 class MatchResult:
     transform: Transform
-    trace: list[dict]  # per iteration: objective, normalised objective, seconds per kind
+    #: Per iteration: objective (and normalised), units solved and changed, wall seconds per
+    #: phase ("units", "residual") and the workers' seconds per kind of unit.
+    trace: list[dict]
     converged: bool
     init_objective: float
     norm: float  # sqrt(‖A‖²·‖B‖²) of the weighted objective, to read it as a cosine
@@ -82,6 +86,52 @@ def realign_inner(a: CanonicalModel, b: CanonicalModel, transform: Transform,
 
 
 # -- the loop -------------------------------------------------------------------------------
+
+
+@dataclass
+class UnitStep:
+    """One unit solved given the others: its new elements, its tensors moved to them, and
+    their objective terms (the loop accepts the step unless it lowers the objective)."""
+
+    unit: str
+    names: list[str]
+    new: dict[str, Element]
+    moved: StateDict
+    terms: dict[str, float]
+    seconds: float
+
+
+def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
+               el: dict[str, Element], bt_all: StateDict) -> UnitStep:
+    """Solve ``unit`` given every other element. Reads only ``unit``'s own tensors (and
+    brings them up to date with the residual map), so different units may run at once."""
+    t0 = time.perf_counter()
+    spec = prob.spec
+    mine = {unit, *prob.inner_of.get(unit, [])}
+    names = sorted({n for s in mine for n, _, _ in spec.occurrences(s)})
+    if cache is not None:
+        cache.refresh(names, el)
+    bt = {n: unapply_axes(bt_all[n], spec.axes[n], {k: el[k] for k in mine}) for n in names}
+    propose = propose_heads if prob.inner_of.get(unit) else propose_permutation
+    prop = propose(prob, unit, el, bt)
+    new = prop.finish(assignment(prop.cost, prop.current))
+    moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
+    terms = prob.terms(moved, prob.term_names(unit))
+    return UnitStep(unit, names, new, moved, terms, time.perf_counter() - t0)
+
+
+def solved_in_order(pool: ThreadPoolExecutor, workers: int, prob: Problem,
+                    cache: ResidualCache | None, due: list[str], el: dict[str, Element],
+                    bt_all: StateDict) -> Iterator[UnitStep]:
+    """The ``due`` units solved on the pool, yielded in order; at most ``workers`` + 1 in
+    flight (each holds an n x n cost while it runs)."""
+    pending: list[Future] = []
+    for unit in due:
+        pending.append(pool.submit(solve_unit, prob, cache, unit, el, bt_all))
+        if len(pending) > workers:
+            yield pending.pop(0).result()
+    for future in pending:
+        yield future.result()
 
 
 def weight_matching(
@@ -128,52 +178,40 @@ def weight_matching(
     # unit whose assignment did not change is solved again only every third iteration. The
     # run ends only after a full sweep (every unit solved) that changed almost nothing.
     quiet = dict.fromkeys(units, 0)
-    pool = ThreadPoolExecutor(max_workers=2)  # assignments overlap each other and products
+    # Units are independent given the residual map, so several are solved at once, one per
+    # core, each single-threaded (an assignment is single-threaded anyway, and one product
+    # per core uses the cores as well as one product on all of them).
+    workers = max(1, torch.get_num_threads())
+    pool = ThreadPoolExecutor(max_workers=workers, initializer=torch.set_num_threads,
+                              initargs=(1,))
     try:
         for it in range(opts.max_iter):
-            times: dict[str, float] = defaultdict(float)
+            wall: dict[str, float] = {}  # wall seconds per phase
+            cpu: dict[str, float] = defaultdict(float)  # worker seconds per kind of unit
             start = objective
             due = [u for u in units if quiet[u] == 0 or (it + 1 - quiet[u]) % 3 == 0]
             full = len(due) == len(units)
             changed = 0
             # 1) every non-residual unit given the others (in canonical models they only meet
-            #    the residual space, so they are independent and their order is irrelevant).
-            #    Assignments run on two worker threads while the next unit's products are
-            #    computed; at most three units are in flight (each holds an n x n cost).
-            in_flight: list = []
-            for unit in [*due, None]:  # None: drain
-                if unit is not None:
-                    t0 = time.perf_counter()
-                    mine = {unit, *prob.inner_of.get(unit, [])}
-                    names = sorted({n for s in mine for n, _, _ in spec.occurrences(s)})
-                    if cache is not None:
-                        cache.refresh(names, el)
-                    bt = {n: unapply_axes(bt_all[n], spec.axes[n], {k: el[k] for k in mine})
-                          for n in names}
-                    propose = propose_heads if prob.inner_of.get(unit) else propose_permutation
-                    prop = propose(prob, unit, el, bt)
-                    future = pool.submit(assignment, prop.cost, prop.current)
-                    in_flight.append((unit, names, bt, prop, future, time.perf_counter() - t0))
-                while len(in_flight) > (2 if unit is not None else 0):
-                    done, names, bt, prop, future, spent = in_flight.pop(0)
-                    t0 = time.perf_counter()
-                    new = prop.finish(future.result())
-                    moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
-                    new_terms = prob.terms(moved, prob.term_names(done))
-                    same = torch.equal(new[done].perm, el[done].perm)
-                    if same or sum(new_terms.values()) >= sum(terms[k] for k in new_terms):
-                        # (Same assignment: the terms are unchanged, as circuits do not see the
-                        # inner maps, which may still move; rounding noise must not veto them.)
-                        el.update(new)
-                        bt_all.update(moved)
-                        if not same:
-                            terms.update(new_terms)
-                            changed += 1
-                        if cache is not None and not same:
-                            cache.recross(names)
-                        quiet[done] = (quiet[done] or it + 1) if same else 0  # 1-based
-                    kind = spec.roles.get(done, "permutation")
-                    times[kind] += spent + time.perf_counter() - t0
+            #    the residual space, so their order is irrelevant).
+            t0 = time.perf_counter()
+            for step in solved_in_order(pool, workers, prob, cache, due, el, bt_all):
+                done = step.unit
+                same = torch.equal(step.new[done].perm, el[done].perm)
+                if same or sum(step.terms.values()) >= sum(terms[k] for k in step.terms):
+                    # (Same assignment: the terms are unchanged, as circuits do not see the
+                    # inner maps, which may still move; rounding noise must not veto them.)
+                    before, was = {n: bt_all[n] for n in step.names}, el[done]
+                    el.update(step.new)
+                    bt_all.update(step.moved)
+                    if not same:
+                        terms.update(step.terms)
+                        changed += 1
+                        if cache is not None:
+                            cache.permuted(step.names, before, done, was, step.new[done])
+                    quiet[done] = (quiet[done] or it + 1) if same else 0  # 1-based
+                cpu[spec.roles.get(done, "permutation")] += step.seconds
+            wall["units"] = time.perf_counter() - t0
             # 2) the residual map, given all the others.
             if cache is not None:
                 t0 = time.perf_counter()
@@ -186,12 +224,13 @@ def weight_matching(
                     el[res] = new_el
                     terms.update(new_terms)
                     cache.moved(moved, new_el)
-                times["residual"] += time.perf_counter() - t0
+                wall["residual"] = time.perf_counter() - t0
             objective = sum(terms.values())
             trace.append({"iteration": it + 1, "objective": objective,
                           "normalized": objective / norm if norm else 0.0,
                           "units_solved": len(due), "units_changed": changed,
-                          "seconds": {k: round(v, 4) for k, v in times.items()}})
+                          "seconds": {k: round(v, 4) for k, v in wall.items()},
+                          "unit_seconds": {k: round(v, 4) for k, v in cpu.items()}})
             if progress is not None:
                 progress(it + 1, objective / norm if norm else 0.0)
             if objective - start <= opts.tol * abs(start):

@@ -133,6 +133,8 @@ class Matrix(Element):
 
     def apply(self, x: torch.Tensor, axis: int, variance: Variance) -> torch.Tensor:
         t = self._acting(variance).to(x.dtype)
+        if axis == x.dim() - 1:  # x·Tᵀ keeps x's row-major layout (later products stay fast)
+            return x @ t.T
         xf = _move(x, axis)
         y = (t @ xf.reshape(xf.shape[0], -1)).reshape(xf.shape)
         return y.movedim(0, axis)
