@@ -22,12 +22,12 @@ def residual_cross(prob: Problem, space: str, bt: StateDict) -> torch.Tensor:
     return m
 
 
-def spectral_init(prob: Problem, space: str) -> Element:
+def spectral_init(prob: Problem, space: str, solo: torch.Tensor) -> Element:
     """Residual map from invariants: T·G_B·Tᵀ = G_A for the Gram matrices of every tensor
     whose other axes carry only permutation/orthogonal spaces; the eigenvector signs come
-    from the tensors that only the residual space touches."""
+    from ``solo`` = Σ A·Bᵀ over the tensors that only the residual space touches."""
     spec = prob.spec
-    ga = gb = m_ro = None
+    ga = gb = None
     for n, axis, _ in spec.occurrences(space):
         others = spec.spaces_of(n) - {space}
         if any(spec.spaces[s].kind == "block_invertible" for s in others):
@@ -35,8 +35,6 @@ def spectral_init(prob: Problem, space: str) -> Element:
         a, b = axis_first(prob.A[n], axis), axis_first(prob.B[n], axis)
         ga = a @ a.T if ga is None else ga + a @ a.T
         gb = b @ b.T if gb is None else gb + b @ b.T
-        if not others:
-            m_ro = a @ b.T if m_ro is None else m_ro + a @ b.T
     d = prob.spec.spaces[space].size
     if ga is None:
         return Matrix(torch.eye(d), True)
@@ -44,11 +42,8 @@ def spectral_init(prob: Problem, space: str) -> Element:
     ga, gb = q.T @ ga.double() @ q, q.T @ gb.double() @ q
     _, ua = torch.linalg.eigh(ga)
     _, ub = torch.linalg.eigh(gb)
-    if m_ro is not None:
-        signs = torch.sign(torch.diagonal(ua.T @ (q.T @ m_ro.double() @ q) @ ub))
-        signs[signs == 0] = 1
-    else:
-        signs = torch.ones(ua.shape[1], dtype=torch.float64)
+    signs = torch.sign(torch.diagonal(ua.T @ (q.T @ solo.double() @ q) @ ub))
+    signs[signs == 0] = 1  # (no residual-only tensors: the Gram eigenbases as they come)
     t = q @ (ua * signs) @ ub.T @ q.T
     if prob.opts.fix_ones:
         t = t + torch.full((d, d), 1.0 / d, dtype=torch.float64)
@@ -126,8 +121,9 @@ class ResidualCache:
             ax, u = self.axis[n], axes[0]
             a = self.prob.A[n].index_select(u, moved)
             db = self.bt_all[n].index_select(u, moved) - before[n].index_select(u, moved)
-            c = axis_first(a, ax) @ axis_first(db, ax).T
-            self.cross[n] += c.double() @ self.at[n].matrix(torch.float64)
+            # (|U|·d² in float64, not d³: T multiplies the thin factor)
+            tm = self.at[n].matrix(torch.float64)
+            self.cross[n] += axis_first(a, ax).double() @ (axis_first(db, ax).T.double() @ tm)
 
     def solve(self, el: dict[str, Element], const: torch.Tensor) -> Element:
         self.refresh(self.fresh, el)

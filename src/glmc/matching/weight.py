@@ -10,7 +10,8 @@ Generic over the spec. Units of the descent:
   computed from the low-rank factors), then each matched head's inner basis.
 
 Spaces other than the residual one touch only the residual space, so given the residual map
-they are independent: one iteration solves all of them, then the residual map. Tensors
+they are independent: one iteration solves all of them (several at once, one per core),
+then the residual map. Tensors
 inside a head contribute through their circuits (invariant to the inner maps); all others
 through their plain inner product. The objective never decreases: a step that would lower
 it is undone. The units' steps live in ``problem``, the residual map's in ``residual``.
@@ -158,12 +159,12 @@ def weight_matching(
     if res is not None:
         if opts.residual == "permutation":
             el[res] = Permutation(torch.arange(spec.spaces[res].size))
-        if opts.init == "spectral":
-            el[res] = spectral_init(prob, res)
         # Tensors only the residual space touches (embedding tables, the head, biases) enter
         # through one constant cross-correlation: their term is ⟨T, A·Bᵀ⟩, never re-applied.
         solo = [n for n, _, _ in spec.occurrences(res) if spec.spaces_of(n) == {res}]
         const = solo_cross(prob, res, solo)
+        if opts.init == "spectral":
+            el[res] = spectral_init(prob, res, const)
     bt_all = prob.apply(el, set(), [n for n in spec.axes if n not in solo])
     cache = ResidualCache(prob, res, el[res], bt_all) if res is not None else None
     terms = prob.terms(bt_all)
