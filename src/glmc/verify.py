@@ -26,9 +26,11 @@ def random_inputs(cfg: CanonicalConfig, n: int = 4, seq: int = 32, seed: int = 0
 
 
 def canonical_logits(model: CanonicalModel, dtype: torch.dtype = torch.float64) -> Logits:
-    module = model.module(dtype)
+    """Logits of a canonical model. The module is built at each call and released after it,
+    so that comparing two large models never holds both in float64 at once."""
 
     def run(x: torch.Tensor) -> torch.Tensor:
+        module = model.module(dtype)
         with torch.no_grad():
             return module(x if not x.is_floating_point() else x.to(dtype))
 
@@ -36,12 +38,14 @@ def canonical_logits(model: CanonicalModel, dtype: torch.dtype = torch.float64) 
 
 
 def folder_logits(m: LoadedModel, dtype: torch.dtype = torch.float64) -> Logits:
-    """Logits of a loaded folder computed by its own class (the stock one for HF folders)."""
+    """Logits of a loaded folder computed by its own class (the stock one for HF folders);
+    like ``canonical_logits``, the module lives only during a call."""
     if m.importer is None:
         return canonical_logits(m.canonical, dtype)
-    module, importer = m.stock_module(dtype), m.importer
+    importer = m.importer
 
     def run(x: torch.Tensor) -> torch.Tensor:
+        module = m.stock_module(dtype)
         with torch.no_grad():
             return importer.stock_logits(module, x if not x.is_floating_point() else x.to(dtype))
 
@@ -66,7 +70,12 @@ class Certificate:
 def certify(reference: Logits, other: Logits, x: torch.Tensor, tol: float | None = None,
             rel_tol: float = 1e-4) -> Certificate:
     """Compare two logit functions on ``x``; tol defaults to rel_tol · max(1, max|logits|)."""
-    a, b = reference(x), other(x)
+    return compare(reference(x), other(x), tol, rel_tol)
+
+
+def compare(a: torch.Tensor, b: torch.Tensor, tol: float | None = None,
+            rel_tol: float = 1e-4) -> Certificate:
+    """Certificate for logits ``b`` against the reference logits ``a``."""
     scale = float(a.abs().max())
     diff = float((a - b).abs().max())
     if tol is None:

@@ -19,7 +19,7 @@ from glmc.evaluate import check_data_fits, load_eval_data
 from glmc.io.atomic import atomic_dir
 from glmc.io.folders import LoadedModel, load_model, write_json, write_model
 from glmc.models.model import CanonicalModel
-from glmc.verify import certify, folder_logits, random_inputs, same_interface
+from glmc.verify import compare, folder_logits, random_inputs, same_interface
 
 REPORT = "glmc_report.json"
 TRANSFORM = "transform.safetensors"
@@ -34,6 +34,7 @@ def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel]:
     if args.iters < 1:
         raise GlmcError(f"--iters must be at least 1, got {args.iters}")
     a = load_model(args.a, allow_pickle=args.allow_pickle)
+    a.stock_state = None  # (A is needed in canonical form only)
     b = load_model(args.b, allow_pickle=args.allow_pickle)
     same_interface(a.canonical.config, b.canonical.config, f"{args.a} vs {args.b}")
     return a, b
@@ -97,11 +98,31 @@ def drop_checkpoint(args: argparse.Namespace, method: str) -> None:
         Path(learned_options(args, args.out).checkpoint).unlink(missing_ok=True)
 
 
-def certify_folder(out: Path, reference: LoadedModel) -> dict:
-    """max |Δ logits| between the folder as written and ``reference`` (float64)."""
-    written = load_model(out)
-    x = random_inputs(reference.canonical.config)
-    return certify(folder_logits(reference), folder_logits(written), x).to_json()
+def reference_logits(b: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and B's own logits on them (its folder's class, float64), for the certificate;
+    B's stock weights are released afterwards (only its canonical form is matched)."""
+    x = random_inputs(b.canonical.config)
+    want = folder_logits(b)(x)
+    b.stock_state = None
+    return x, want
+
+
+def certify_folder(out: Path, x: torch.Tensor, want: torch.Tensor) -> dict:
+    """max |Δ logits| between the folder as written and the reference logits ``want``."""
+    return compare(want, folder_logits(load_model(out))(x)).to_json()
+
+
+def summary(args: argparse.Namespace, al: Alignment) -> list[str]:
+    """What the alignment did, in a line or two."""
+    m = al.match
+    last = m.trace[-1]["normalized"] if m and m.trace else float("nan")
+    lines = [f"aligned {args.b} to {args.a}: {len(m.trace) if m else 0} iterations, "
+             f"objective {m.init_objective / m.norm if m and m.norm else 0:.4f} -> {last:.4f}"]
+    if al.learned:
+        lr = al.learned
+        lines.append(f"learned matching: {lr.steps} steps, best midpoint barrier estimate "
+                     f"{lr.best_val - lr.baseline_val:.4f} (step {lr.best_step})")
+    return lines
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -134,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     a, b = load_pair(args)
+    if is_main():
+        x, want = reference_logits(b)
     al = run_alignment(args, a, b, args.method)
     if not is_main():
         return 0
@@ -141,9 +164,11 @@ def _run(args: argparse.Namespace) -> int:
               "residual": args.residual, "heads": args.heads,
               "matching": al.match.to_json() if al.match else None,
               "learned": al.learned.to_json() if al.learned else None}
-    fmt, out = write_output(args.out, al.aligned.to(torch.float32), not args.no_stock, report,
-                            al.transform)
-    report["certificate"] = certify_folder(out, b)
+    lines, aligned, transform = summary(args, al), al.aligned.to(torch.float32), al.transform
+    del al, a, b  # (released before OUT is written and loaded again for the certificate)
+    fmt, out = write_output(args.out, aligned, not args.no_stock, report, transform)
+    del aligned
+    report["certificate"] = certify_folder(out, x, want)
     drop_checkpoint(args, args.method)
     report["seconds"] = round(time.perf_counter() - t0, 3)
     report["format"] = fmt
@@ -152,15 +177,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(report)
     else:
-        m = al.match
-        last = m.trace[-1]["normalized"] if m and m.trace else float("nan")
-        print(f"aligned {args.b} to {args.a}: {len(m.trace) if m else 0} iterations, "
-              f"objective {m.init_objective / m.norm if m and m.norm else 0:.4f} -> "
-              f"{last:.4f}")
-        if al.learned:
-            lr = al.learned
-            print(f"learned matching: {lr.steps} steps, best midpoint barrier estimate "
-                  f"{lr.best_val - lr.baseline_val:.4f} (step {lr.best_step})")
+        print("\n".join(lines))
         print(f"wrote {out} ({fmt}); aligned B vs B: max |Δ logits| = "
               f"{report['certificate']['max_abs_diff']:.3e} ({'ok' if ok else 'MISMATCH'})")
     return 0 if ok else 1

@@ -49,6 +49,7 @@ def _run(args: argparse.Namespace) -> int:
         raise GlmcError(f"--alpha must lie in [0, 1], got {args.alpha}")
     t0 = time.perf_counter()
     a, b = load_pair(args)
+    b.stock_state = None  # (the merge needs both in canonical form only)
     report: dict = {"command": "merge", "a": str(args.a), "b": str(args.b),
                     "alpha": args.alpha, "align": args.align}
     transform = None

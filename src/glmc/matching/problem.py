@@ -200,6 +200,13 @@ class Problem:
             sq[who] = total
         return (sq["a"] * sq["b"]) ** 0.5
 
+    def release(self, names: list[str]) -> None:
+        """Drop the weighted copies of ``names`` (e.g. embedding tables whose contribution is
+        already folded into a constant): their memory is returned before the loop starts."""
+        for n in names:
+            self.A.pop(n, None)
+            self.B.pop(n, None)
+
     def term_names(self, space: str) -> set[str]:
         """The objective terms that ``space`` (or the inner spaces nested in it) touches."""
         names = set()
@@ -252,7 +259,7 @@ def current_perm(el: dict[str, Element], space: str) -> torch.Tensor | None:
 class Proposal:
     """One unit's step: an assignment problem, and how its solution becomes elements."""
 
-    cost: torch.Tensor
+    cost: torch.Tensor | None  # (dropped once solved)
     current: torch.Tensor | None
     finish: Callable[[torch.Tensor], dict[str, Element]]
 

@@ -115,7 +115,9 @@ def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
     bt = {n: unapply_axes(bt_all[n], spec.axes[n], {k: el[k] for k in mine}) for n in names}
     propose = propose_heads if prob.inner_of.get(unit) else propose_permutation
     prop = propose(prob, unit, el, bt)
-    new = prop.finish(assignment(prop.cost, prop.current))
+    perm = assignment(prop.cost, prop.current)
+    prop.cost = None  # (n x n: freed before the tensors are moved)
+    new = prop.finish(perm)
     moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
     terms = prob.terms(moved, prob.term_names(unit))
     return UnitStep(unit, names, new, moved, terms, time.perf_counter() - t0)
@@ -172,6 +174,7 @@ def weight_matching(
         terms["<solo>"] = float((el[res].matrix(torch.float64) * const).sum())
     objective = init_objective = sum(terms.values())
     norm = prob.norm()
+    prob.release(solo)  # (their term is ⟨T, const⟩ from here on)
     trace: list[dict] = []
     converged = False
     units = prob.units  # (the heads' inner spaces are solved with their heads)
