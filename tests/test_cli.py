@@ -330,13 +330,39 @@ def test_sharded_checkpoints(h, cli, tmp_path):
     assert rc == 2 and f"{shards[0]}: shard named in model.safetensors.index.json" in err
 
 
-def test_align_replaces_an_existing_output_folder(cli, gpt2_folder, tmp_path):
+def test_align_replaces_its_own_output_and_a_foreign_folder_only_with_force(cli, gpt2_folder,
+                                                                            tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    (out_dir / "stale.txt").write_text("old result")
-    assert cli("align", gpt2_folder, gpt2_folder, "-o", out_dir)[0] == 0
+    (out_dir / "stale.txt").write_text("someone's result")
+    rc, _, err = cli("align", gpt2_folder, gpt2_folder, "-o", out_dir)
+    assert rc == 2 and "not written by glmc" in err and "--force" in err
+    assert (out_dir / "stale.txt").read_text() == "someone's result"
+    assert cli("align", gpt2_folder, gpt2_folder, "-o", out_dir, "--force")[0] == 0
     assert not (out_dir / "stale.txt").exists() and (out_dir / "transform.safetensors").exists()
+    assert cli("align", gpt2_folder, gpt2_folder, "-o", out_dir)[0] == 0  # its own: a re-run
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "out"]  # no temp, no .old
+
+
+@pytest.mark.parametrize("command", ["merge", "canonicalize", "train"])
+def test_commands_refuse_to_replace_a_folder_glmc_did_not_write(cli, gpt2_folder, tmp_path,
+                                                                 command):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "weights.bin").write_text("precious")
+    args = {"merge": ("merge", gpt2_folder, gpt2_folder),
+            "canonicalize": ("canonicalize", gpt2_folder),
+            "train": ("train", "--arch", "gpt2", "--data", "shakespeare")}[command]
+    rc, _, err = cli(*args, "-o", out_dir)
+    assert rc == 2 and str(out_dir) in err and "--force" in err and "Traceback" not in err
+    assert sorted(p.name for p in out_dir.iterdir()) == ["weights.bin"]
+
+
+def test_canonicalize_writes_its_report_beside_the_weights(cli, gpt2_folder, tmp_path):
+    assert cli("canonicalize", gpt2_folder, "-o", tmp_path / "c")[0] == 0
+    report = json.loads((tmp_path / "c" / "glmc_report.json").read_text())
+    assert report["command"] == "canonicalize" and report["certificate"]["equal"]
+    assert cli("canonicalize", gpt2_folder, "-o", tmp_path / "c")[0] == 0  # its own: a re-run
 
 
 def test_pickle_checkpoint_loads_with_allow_pickle(cli, gpt2_folder):
@@ -372,15 +398,15 @@ def test_interrupted_align_leaves_no_partial_output(cli, gpt2_folder, tmp_path, 
                                                     where, existing):
     out_dir = tmp_path / "out"
     if existing:
-        out_dir.mkdir()
-        (out_dir / "keep.txt").write_text("old result")
+        out_dir.mkdir()  # an earlier result of glmc's, which a finished run would replace
+        (out_dir / "glmc_report.json").write_text("{}")
     monkeypatch.setattr(glmc.cli.align, where, _interrupt)
     before = {p.name for p in tmp_path.iterdir()}
     rc, _, err = cli("align", gpt2_folder, gpt2_folder, "-o", out_dir)
     assert rc == 130 and "interrupted" in err and "Traceback" not in err
     assert {p.name for p in tmp_path.iterdir()} == before  # no stray temp folder
     if existing:
-        assert [p.name for p in out_dir.iterdir()] == ["keep.txt"]
+        assert [p.name for p in out_dir.iterdir()] == ["glmc_report.json"]
     else:
         assert not out_dir.exists()
 

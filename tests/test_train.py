@@ -202,5 +202,5 @@ def test_cli_bad_input_one_line_exit_2(case, text_file, tmp_path, capsys) -> Non
     assert case == "not-a-model-folder" or not out.exists()
     expect = {"vit-on-text": "holds text", "gpt2-on-images": "holds images",
               "patch": "patch size 3", "empty": "empty", "heads": "does not divide",
-              "not-a-model-folder": "refusing"}[case]
+              "not-a-model-folder": "not written by glmc"}[case]
     assert expect in err

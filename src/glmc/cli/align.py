@@ -10,14 +10,20 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from glmc.api import Alignment, align, read_token_counts
-from glmc.cli.common import add_allow_pickle, add_json, console, emit_json
+from glmc.cli.common import add_allow_pickle, add_json, add_out, console, emit_json
 from glmc.cli.main import add_command
 from glmc.cli.options import add_alignment_options, add_learned_options, learned_options
 from glmc.distributed import is_main, process_group
 from glmc.errors import GlmcError
 from glmc.evaluate import check_data_fits, load_eval_data
 from glmc.io.atomic import atomic_dir
-from glmc.io.folders import LoadedModel, load_model, write_json, write_model
+from glmc.io.folders import (
+    LoadedModel,
+    check_replaceable,
+    load_model,
+    write_json,
+    write_model,
+)
 from glmc.models.model import CanonicalModel
 from glmc.verify import compare, folder_logits, random_inputs, same_interface
 
@@ -31,6 +37,7 @@ def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel]:
     for name in (args.a, args.b):
         if Path(name).resolve() == out:
             raise GlmcError(f"{args.out}: the output folder would replace input {name}")
+    check_replaceable(args.out, args.force)
     if args.iters < 1:
         raise GlmcError(f"--iters must be at least 1, got {args.iters}")
     a = load_model(args.a, allow_pickle=args.allow_pickle)
@@ -133,7 +140,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "glmc align runs/gpt-a runs/gpt-b -o runs/b-aligned --residual orthogonal")
     p.add_argument("a", help="reference model folder (Hugging Face or glmc)")
     p.add_argument("b", help="model folder to align to A")
-    p.add_argument("-o", "--out", required=True, help="output folder (written atomically)")
+    add_out(p, "output folder (written atomically)")
     p.add_argument("--method", choices=("weight", "learned"), default="weight",
                    help="weight: data-free weight matching; learned: weight matching, then "
                    "learned matching on --data")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from glmc.cli.common import add_allow_pickle, add_json, emit_json
+from glmc.cli.align import REPORT
+from glmc.cli.common import add_allow_pickle, add_json, add_out, emit_json
 from glmc.cli.main import add_command
 from glmc.io.atomic import atomic_dir
-from glmc.io.folders import load_model, write_model
+from glmc.io.folders import check_replaceable, load_model, write_json, write_model
 from glmc.models.circuit import to_circuit
 from glmc.verify import canonical_logits, certify, folder_logits, random_inputs
 
@@ -20,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "back to the stock class with --stock) and report max |Δ logits| against the input.",
         "glmc canonicalize runs/gpt-a -o runs/gpt-a-canon --attention circuit")
     p.add_argument("model", help="model folder (Hugging Face or glmc)")
-    p.add_argument("-o", "--out", required=True, help="output folder (replaced atomically)")
+    add_out(p, "output folder (replaced atomically)")
     p.add_argument("--attention", choices=("heads", "circuit"), default="heads",
                    help="keep heads (head_dim) or rewrite each head as its QK/OV circuits")
     p.add_argument("--stock", action="store_true",
@@ -31,14 +32,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_replaceable(args.out, args.force)
     m = load_model(args.model, allow_pickle=args.allow_pickle)
     canon = m.canonical if args.attention == "heads" else to_circuit(m.canonical)
     x = random_inputs(canon.config)
     cert = certify(folder_logits(m), canonical_logits(canon), x)
     with atomic_dir(args.out) as tmp:
         fmt = write_model(tmp, canon, stock=args.stock)
-    report = {"out": args.out, "format": fmt, "certificate": cert.to_json(),
-              "n_params": canon.n_params()}
+        report = {"command": "canonicalize", "model": str(args.model), "out": args.out,
+                  "format": fmt, "certificate": cert.to_json(), "n_params": canon.n_params()}
+        write_json(tmp / REPORT, report)  # (beside the weights, as align and merge do)
     if args.json:
         emit_json(report)
     else:

@@ -16,6 +16,13 @@ def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
 
 
+def add_out(p: argparse.ArgumentParser, help: str, **kwargs: Any) -> None:
+    """-o/--out (a model folder, replaced atomically) and --force."""
+    p.add_argument("-o", "--out", required=True, metavar="OUT", help=help, **kwargs)
+    p.add_argument("--force", action="store_true",
+                   help="replace OUT even when it exists and glmc did not write it")
+
+
 def add_allow_pickle(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-pickle", action="store_true",
                    help="also read pytorch_model.bin (torch.load with weights_only=True)")

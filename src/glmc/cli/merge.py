@@ -9,7 +9,7 @@ import torch
 
 from glmc.api import interpolate, prepare_pair
 from glmc.cli.align import REPORT, drop_checkpoint, load_pair, run_alignment, write_output
-from glmc.cli.common import add_allow_pickle, add_json, emit_json
+from glmc.cli.common import add_allow_pickle, add_json, add_out, emit_json
 from glmc.cli.main import add_command
 from glmc.cli.options import add_alignment_options, add_learned_options
 from glmc.distributed import is_main, process_group
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "glmc merge runs/gpt-a runs/gpt-b -o runs/merged --alpha 0.5 --align weight")
     p.add_argument("a", help="model folder A (alpha = 1)")
     p.add_argument("b", help="model folder B (alpha = 0)")
-    p.add_argument("-o", "--out", required=True, help="output folder (written atomically)")
+    add_out(p, "output folder (written atomically)")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of model A")
     p.add_argument("--align", choices=("none", "weight", "learned"), default="weight",
                    help="how to align B to A before averaging")

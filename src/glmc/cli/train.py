@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from glmc.cli.common import add_json, emit_json
+from glmc.cli.common import add_json, add_out, emit_json
 from glmc.cli.main import add_command
 from glmc.data import DATASETS
 from glmc.training import ARCHS, TrainConfig, train
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-seed", type=int, default=d["data_seed"],
                    help="seed of the train/val/test split of image data; keep it fixed across "
                    "models you will compare")
-    p.add_argument("-o", "--out", required=True, metavar="OUT", help="output model folder")
+    add_out(p, "output model folder")
     p.add_argument("--resume", action="store_true",
                    help="continue from OUT's checkpoint (the options must match the run's)")
 
@@ -92,7 +92,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     record = train(cfg, args.out, resume=args.resume, progress=not args.json,
-                   stop_after=args.stop_after)
+                   stop_after=args.stop_after, force=args.force)
     if args.json:
         emit_json(record)
         return 0

@@ -198,6 +198,34 @@ def write_model(folder: Path, model: CanonicalModel, stock: bool = True) -> str:
     return f"glmc ({reason})"
 
 
+#: Files by which glmc recognises a folder it wrote (a report, a training record).
+GLMC_OUTPUT_FILES = ("glmc_report.json", "glmc_train.json")
+
+
+def check_replaceable(out: str | Path, force: bool = False) -> None:
+    """Refuse, before any work, an OUT that glmc would replace but did not write itself.
+
+    Missing, empty, or glmc's own output (a report, a training record, a glmc folder): fine.
+    Anything else (someone's checkpoint, a file) needs ``force``.
+    """
+    path = Path(out)
+    if not path.exists() or force:
+        return
+    if not path.is_dir():
+        raise GlmcError(f"{out}: exists and is not a folder (pass --force to replace it)")
+    if not any(path.iterdir()) or any((path / f).exists() for f in GLMC_OUTPUT_FILES):
+        return
+    cfg = path / "config.json"
+    if cfg.exists():
+        try:
+            if "glmc_format" in json.loads(cfg.read_text()):
+                return
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            pass
+    raise GlmcError(f"{out}: exists and was not written by glmc; the output would replace it "
+                    "(pass --force to allow that, or choose another -o)")
+
+
 def write_json(path: Path, data: Any) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2) + "\n")

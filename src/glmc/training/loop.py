@@ -44,6 +44,7 @@ from transformers import (
 from glmc.data import Dataset, TextDataset, save_tokenizer
 from glmc.errors import GlmcError
 from glmc.io.atomic import atomic_dir, atomic_path
+from glmc.io.folders import check_replaceable
 from glmc.training.checkpoint import (
     checkpoint_path,
     load_checkpoint,
@@ -203,6 +204,7 @@ def train(
     progress: bool = True,
     on_step: StepCallback | None = None,
     stop_after: int | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Train ``cfg`` and write the model folder ``out_dir``; return the training record.
 
@@ -220,6 +222,7 @@ def train(
             start from step 0.
         progress: show a rich progress bar on stderr (nothing is printed when False).
         on_step: called as ``on_step(step, train_loss)`` after every step (and its checkpoint).
+        force: replace ``out_dir`` even when it exists and glmc did not write it.
         stop_after: raise :class:`TrainingStopped` right after this step (tests, to simulate a
             kill).
 
@@ -229,7 +232,7 @@ def train(
     """
     cfg.validate()
     out = Path(out_dir).expanduser().absolute()  # "-o ." must still name a folder
-    _check_out(out)
+    check_replaceable(out, force)
     device = torch.device(cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise GlmcError("--device cuda requested but CUDA is not available")
@@ -376,16 +379,6 @@ def _hf_progress_bars(enabled: bool) -> Iterator[None]:
 
 def _notice(msg: str) -> None:
     print(f"glmc train: {msg}", file=sys.stderr)
-
-
-def _check_out(out: Path) -> None:
-    """Refuse an output path that is a file or a non-empty folder that is not a model folder
-    (the final write replaces the folder wholesale)."""
-    if out.exists() and not out.is_dir():
-        raise GlmcError(f"{out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
-        raise GlmcError(f"{out} is a non-empty folder without config.json; refusing to replace "
-                        "it (choose another -o)")
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
