@@ -137,12 +137,15 @@ def test_bad_lambda_distribution(planted, data):
         learned_matching(a, b, data, wm, LearnedMatchingOptions(steps=1, lam="beta:1"))
 
 
+#: The learned-matching run of the multi-process tests.
+OPTIONS = dict(steps=6, batch_size=8, eval_every=3, patience=0, dtype="float64")
+
 WORKER = r"""
 import sys, torch
 torch.set_num_threads(1)
 sys.path.insert(0, {tests!r})
 from glmc.distributed import process_group, is_main
-from test_learned import TEXT
+from test_learned import OPTIONS, TEXT
 from glmc.data.text import text_dataset
 from glmc.matching.learned import LearnedMatchingOptions, learned_matching
 from glmc.symmetry.transform import Transform
@@ -155,11 +158,40 @@ a, b = CanonicalModel(cfg, state["a"]), CanonicalModel(cfg, state["b"])
 init = Transform.load({init!r})
 with process_group():
     r = learned_matching(a, b, text_dataset("toy", TEXT, context=16), init,
-                         LearnedMatchingOptions(steps=6, batch_size=8, eval_every=3, patience=0,
-                                                dtype="float64"))
+                         LearnedMatchingOptions(**OPTIONS, **{extra}))
     if is_main():
         r.transform.save({out!r})
 """
+
+
+def run_ranks(tmp_path: Path, planted, n: int, extra: str = "{}") -> Transform:
+    """Learned matching (``OPTIONS`` and ``extra``) under torchrun with ``n`` ranks."""
+    import json
+
+    a, b, wm = planted
+    if not (tmp_path / "pair.pt").exists():
+        torch.save({"a": a.state, "b": b.state}, tmp_path / "pair.pt")
+        (tmp_path / "cfg.json").write_text(json.dumps(a.config.to_json()))
+        wm.save(tmp_path / "init.safetensors")
+    out = tmp_path / f"out{n}.safetensors"
+    script = tmp_path / f"worker{n}.py"
+    script.write_text(WORKER.format(tests=str(Path(__file__).parent),
+                                    pair=str(tmp_path / "pair.pt"),
+                                    cfg=str(tmp_path / "cfg.json"),
+                                    init=str(tmp_path / "init.safetensors"), out=str(out),
+                                    extra=extra))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={n}", str(script)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return Transform.load(out)
+
+
+def assert_same_latents(x: Transform, y: Transform) -> None:
+    for s, e in x.elements.items():
+        diff = (e.matrix(torch.float64) - y.elements[s].matrix(torch.float64)).abs().max()
+        assert diff < 1e-6, (s, float(diff))
 
 
 def test_two_processes_match_one(planted, tmp_path):
@@ -168,29 +200,30 @@ def test_two_processes_match_one(planted, tmp_path):
     In float64: Adam turns float32 rounding in near-zero gradient components into steps of
     size lr, which would hide what this test checks (the all-reduce).
     """
-    import json
+    assert_same_latents(run_ranks(tmp_path, planted, 1), run_ranks(tmp_path, planted, 2))
 
+
+def test_resume_on_two_ranks_when_only_rank_0_has_the_checkpoint(planted, tmp_path):
+    """Only rank 0 writes checkpoints; on several machines the others cannot see the file.
+    Rank 0 reads it and hands it on, so the resumed run is the straight one."""
     a, b, wm = planted
-    torch.save({"a": a.state, "b": b.state}, tmp_path / "pair.pt")
-    (tmp_path / "cfg.json").write_text(json.dumps(a.config.to_json()))
-    wm.save(tmp_path / "init.safetensors")
-    outs = {}
-    for n in (1, 2):
-        out = tmp_path / f"out{n}.safetensors"
-        script = tmp_path / f"worker{n}.py"
-        script.write_text(WORKER.format(tests=str(Path(__file__).parent),
-                                        pair=str(tmp_path / "pair.pt"),
-                                        cfg=str(tmp_path / "cfg.json"),
-                                        init=str(tmp_path / "init.safetensors"), out=str(out)))
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={n}", str(script)]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        outs[n] = Transform.load(out)
-    for s, e in outs[1].elements.items():
-        diff = (e.matrix(torch.float64) - outs[2].elements[s].matrix(torch.float64)).abs().max()
-        assert diff < 1e-6, (s, float(diff))
+    ckpt = tmp_path / "latents.pt"
+    text = text_dataset("toy", TEXT, context=16)
+    opts = dict(OPTIONS, checkpoint=str(ckpt), checkpoint_every=3)
+    straight = learned_matching(a, b, text, wm, LearnedMatchingOptions(**opts))
+    ckpt.unlink()
+
+    def killer(step, loss, val):
+        if step == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # leaves the checkpoint of step 3
+        learned_matching(a, b, text, wm, LearnedMatchingOptions(**opts), progress=killer)
+    assert ckpt.is_file()
+    elsewhere = tmp_path / "rank1" / "latents.pt"  # what rank 1 sees: nothing
+    extra = (f"dict(checkpoint_every=3, resume=True, checkpoint={str(ckpt)!r} if is_main() "
+             f"else {str(elsewhere)!r})")
+    assert_same_latents(straight.transform, run_ranks(tmp_path, planted, 2, extra))
 
 
 def test_cli_align_learned_writes_a_symmetric_copy_and_its_report(planted, tmp_path, capsys):

@@ -13,8 +13,11 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 def world_size() -> int:
@@ -29,6 +32,16 @@ def rank() -> int:
 
 def is_main() -> bool:
     return rank() == 0
+
+
+def from_main(obj: T) -> T:
+    """``obj`` as rank 0 has it, on every rank (alone: ``obj`` itself). For what only rank 0
+    can read, such as a checkpoint it wrote on its own machine."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)  # (between our own processes)
+    return box[0]
 
 
 @contextlib.contextmanager

@@ -265,9 +265,19 @@ def learned_matching(
     best = {k: v.detach().clone() for k, v in latents.state_dict().items()}
     start_step, bad_evals = 0, 0
     ckpt = Path(opts.checkpoint) if opts.checkpoint else None
-    if opts.resume and ckpt is not None and ckpt.is_file():
-        st = torch.load(ckpt, weights_only=True)
-        if st["options"] != _comparable(opts):
+    st = None
+    if rank == 0 and opts.resume and ckpt is not None and ckpt.is_file():
+        try:
+            st = torch.load(ckpt, weights_only=True)
+        except Exception as e:  # (every rank must hear of it, not wait for the state)
+            st = {"error": f"{ckpt}: cannot read the checkpoint ({type(e).__name__}: {e}); "
+                           "start without --resume"}
+    # Only rank 0 writes checkpoints, so on several machines only its own may hold one.
+    st = distributed.from_main(st)
+    if st is not None:
+        if "error" in st:
+            raise GlmcError(st["error"])
+        if st.get("options") != _comparable(opts):
             raise GlmcError(f"{ckpt}: checkpoint was written with other options; "
                             "start without --resume or use the same options")
         latents.load_state_dict(st["latents"])
