@@ -344,6 +344,17 @@ def test_align_replaces_its_own_output_and_a_foreign_folder_only_with_force(cli,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "out"]  # no temp, no .old
 
 
+def test_force_replaces_a_file_and_later_runs_replace_the_folder(cli, gpt2_folder, tmp_path):
+    out = tmp_path / "out"
+    out.write_text("a file where the output goes")
+    rc, _, err = cli("canonicalize", gpt2_folder, "-o", out)
+    assert rc == 2 and "not a folder" in err and out.read_text().startswith("a file")
+    for _ in range(2):  # the first replaces the file, the second its own output
+        assert cli("canonicalize", gpt2_folder, "-o", out, "--force")[0] == 0
+        assert (out / "glmc_report.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "out"]  # no .old left
+
+
 @pytest.mark.parametrize("command", ["merge", "canonicalize", "train"])
 def test_commands_refuse_to_replace_a_folder_glmc_did_not_write(cli, gpt2_folder, tmp_path,
                                                                  command):

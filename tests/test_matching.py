@@ -311,8 +311,11 @@ def test_align_inner_recovers_an_invertible_head_map():
 
 def test_units_solved_in_parallel_give_the_serial_result(h, arch):
     """Units run one per core (torch threads); the result must not depend on how many."""
+    from glmc.matching.problem import Problem
+
     a = h.make_tiny(arch, n_layer=3, d=48, n_head=4, seed=1).canonical()
     b = h.make_tiny(arch, n_layer=3, d=48, n_head=4, seed=2).canonical()
+    assert Problem(a, b, WeightMatchingOptions()).independent  # (units meet only the stream)
     threads = torch.get_num_threads()
     results = []
     try:
@@ -324,14 +327,14 @@ def test_units_solved_in_parallel_give_the_serial_result(h, arch):
     serial, parallel = results
     assert len(serial.trace) == len(parallel.trace)
     for x, y in zip(serial.trace, parallel.trace, strict=True):
-        assert abs(x["objective"] - y["objective"]) <= 1e-12 * abs(x["objective"])
+        assert abs(x["objective"] - y["objective"]) <= 1e-9 * abs(x["objective"])
         assert x["units_changed"] == y["units_changed"]
     for space, e in serial.transform.elements.items():
         other = parallel.transform.elements[space]
         if isinstance(e, Permutation):
             assert torch.equal(e.perm, other.perm), space
         else:
-            torch.testing.assert_close(e.matrix(F64), other.matrix(F64), rtol=0, atol=1e-10)
+            torch.testing.assert_close(e.matrix(F64), other.matrix(F64), rtol=0, atol=1e-8)
 
 
 @pytest.mark.parametrize("moved", [2, 40], ids=["few-slices", "most-slices"])
@@ -354,11 +357,51 @@ def test_residual_cache_update_from_moved_slices_equals_a_recomputation(h, moved
     perm[idx] = perm[idx.roll(1)]  # a cycle through ``moved`` positions
     new = Permutation(perm)
     names = [n for n, _, _ in prob.spec.occurrences(unit)]
-    before = {n: bt_all[n] for n in names}
-    bt_all.update({n: prob.apply({**el, unit: new}, set(), [n])[n] for n in names})
-    cache.permuted(names, before, unit, el[unit], new)
+    moved = prob.apply({**el, unit: new}, set(), names)
+    before = {n: c.clone() for n, c in cache.cross.items()}
+    update = cache.permuted(moved, unit, el[unit], new)
+    assert set(update) == {n for n in names if n in cache.axis} and update
+    assert all(torch.equal(before[n], c) for n, c in cache.cross.items())  # nothing changed
+    cache.cross.update(update)
     el[unit] = new
     fresh = ResidualCache(prob, "res", el["res"], prob.apply(el, set()))
     assert set(cache.cross) == set(fresh.cross)
     for n in cache.cross:
         torch.testing.assert_close(cache.cross[n], fresh.cross[n], rtol=0, atol=1e-12)
+
+
+def test_unit_workers_respect_chained_units_and_the_memory_budget():
+    """Units that share a tensor run one at a time; big units are fewer in flight."""
+    from types import SimpleNamespace
+
+    from glmc.matching.weight import UNITS_IN_FLIGHT_BYTES, unit_workers
+    from glmc.symmetry.groups import Group
+
+    def prob(n: int, independent: bool = True):
+        spaces = {f"mlp.{i}": Group("permutation", n) for i in range(8)}
+        return SimpleNamespace(independent=independent, units=list(spaces),
+                               spec=SimpleNamespace(spaces=spaces))
+
+    assert unit_workers(prob(3072), 2) == (2, 3)
+    assert unit_workers(prob(3072, independent=False), 16) == (1, 1)
+    big = int((UNITS_IN_FLIGHT_BYTES / 12 / 4) ** 0.5)  # four such costs fill the budget
+    workers, depth = unit_workers(prob(big), 16)
+    assert workers == 3 and depth * 12 * big * big <= UNITS_IN_FLIGHT_BYTES
+
+
+def test_weight_matching_leaves_the_thread_count_of_new_threads_alone(h):
+    """Its workers run single-threaded; threads started afterwards get the usual count."""
+    import threading
+
+    a, b = (h.make_tiny("gpt2", seed=s).canonical() for s in (1, 2))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        weight_matching(a, b, WeightMatchingOptions(max_iter=2))
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+        assert seen == [2] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

@@ -106,12 +106,10 @@ def drop_checkpoint(args: argparse.Namespace, method: str) -> None:
 
 
 def reference_logits(b: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and B's own logits on them (its folder's class, float64), for the certificate;
-    B's stock weights are released afterwards (only its canonical form is matched)."""
+    """Inputs and B's own logits on them (its folder's class, float64), for the certificate
+    (computed up front, so that B's stock weights can be released before the matching)."""
     x = random_inputs(b.canonical.config)
-    want = folder_logits(b)(x)
-    b.stock_state = None
-    return x, want
+    return x, folder_logits(b)(x)
 
 
 def certify_folder(out: Path, x: torch.Tensor, want: torch.Tensor) -> dict:
@@ -164,6 +162,7 @@ def _run(args: argparse.Namespace) -> int:
     a, b = load_pair(args)
     if is_main():
         x, want = reference_logits(b)
+    b.stock_state = None  # (only B's canonical form is matched, on every rank)
     al = run_alignment(args, a, b, args.method)
     if not is_main():
         return 0

@@ -52,11 +52,19 @@ def atomic_dir(path: str | Path, overwrite: bool = True) -> Iterator[Path]:
             if not overwrite:
                 raise FileExistsError(path)
             old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
             os.replace(path, old)
             os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
         else:
             os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove(path: Path) -> None:
+    """Remove a folder or a file (what ``path`` was may be either), if there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()

@@ -146,6 +146,15 @@ class Problem:
         for s in spec.spaces:
             if spec.spaces[s].kind == "block_invertible" and s not in inner_spaces:
                 raise GlmcError(f"space {s}: a free invertible space is not supported")
+        # Units that share no tensor are independent given the residual map (transformers:
+        # every unit meets only the residual stream); chained ones (an MLP's hidden layers)
+        # must be solved one after another.
+        owners: dict[str, set[str]] = defaultdict(set)
+        for u in self.units:
+            for s in [u, *self.inner_of.get(u, [])]:
+                for n, _, _ in spec.occurrences(s):
+                    owners[n].add(u)
+        self.independent = all(len(us) <= 1 for us in owners.values())
 
     # -- objective --------------------------------------------------------------------------
     def bundle_gram(self, bd: Bundle, sa: StateDict, sb: StateDict,

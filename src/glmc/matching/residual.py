@@ -92,38 +92,44 @@ class ResidualCache:
                 self.at[n] = t
 
     def recross(self, names: list[str]) -> None:
-        """C_n = A·B̃ᵀ·T for fresh tensors (B̃ = T·B̂ on the residual axis)."""
+        """C_n = A·B̃ᵀ·T for the cached tensors among ``names`` (B̃ = T·B̂ on the residual
+        axis, T the map ``bt_all[n]`` carries)."""
         for n in names:
             if n in self.axis:
-                ax = self.axis[n]
-                c = axis_first(self.prob.A[n], ax) @ axis_first(self.bt_all[n], ax).T
-                self.cross[n] = c.double() @ self.at[n].matrix(torch.float64)
+                self.cross[n] = self._cross(n, self.bt_all[n])
 
-    def permuted(self, names: list[str], before: StateDict, space: str, old: Element,
-                 new: Element) -> None:
-        """Update C_n after ``space``'s permutation went from ``old`` to ``new`` (``bt_all``
-        already moved; ``before``: the tensors as they were). Only the slices that moved
-        enter: C_n += A_Uᵀ·(B̃_U − B̃'_U)·T over the changed positions U, a few percent of
-        the product once the permutations settle."""
-        for n in names:
+    def _cross(self, n: str, bt: torch.Tensor) -> torch.Tensor:
+        ax = self.axis[n]
+        c = axis_first(self.prob.A[n], ax) @ axis_first(bt, ax).T
+        return c.double() @ self.at[n].matrix(torch.float64)
+
+    def permuted(self, moved: StateDict, space: str, old: Element,
+                 new: Element) -> dict[str, torch.Tensor]:
+        """C_n for the tensors ``moved`` (``bt_all[n]`` with ``space``'s permutation going
+        from ``old`` to ``new``), to install with ``cross.update`` once the step is taken;
+        nothing is changed here (units run this at once on worker threads). Only the slices
+        that moved enter: C_n + A_Uᵀ·(B̃_U,new − B̃_U,old)·T over the changed positions U,
+        a few percent of the product once the permutations settle."""
+        out = {}
+        for n, bt in moved.items():
             if n not in self.axis:
                 continue
             axes = [i for i, tag in enumerate(self.prob.spec.axes[n])
                     if any(s == space for s, _ in tag or ())]
-            if (len(axes) != 1 or not isinstance(old, Permutation)
-                    or not isinstance(new, Permutation)):
-                self.recross([n])
-                continue
-            moved = torch.nonzero(old.index() != new.index()).flatten()
-            if 2 * moved.numel() > old.size:
-                self.recross([n])
+            changed = (torch.nonzero(old.index() != new.index()).flatten()
+                       if isinstance(old, Permutation) and isinstance(new, Permutation)
+                       else None)
+            if len(axes) != 1 or changed is None or 2 * changed.numel() > old.size:
+                out[n] = self._cross(n, bt)
                 continue
             ax, u = self.axis[n], axes[0]
-            a = self.prob.A[n].index_select(u, moved)
-            db = self.bt_all[n].index_select(u, moved) - before[n].index_select(u, moved)
+            a = self.prob.A[n].index_select(u, changed)
+            db = bt.index_select(u, changed) - self.bt_all[n].index_select(u, changed)
             # (|U|·d² in float64, not d³: T multiplies the thin factor)
             tm = self.at[n].matrix(torch.float64)
-            self.cross[n] += axis_first(a, ax).double() @ (axis_first(db, ax).T.double() @ tm)
+            out[n] = self.cross[n] + axis_first(a, ax).double() @ (
+                axis_first(db, ax).T.double() @ tm)
+        return out
 
     def solve(self, el: dict[str, Element], const: torch.Tensor) -> Element:
         self.refresh(self.fresh, el)

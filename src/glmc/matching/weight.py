@@ -9,9 +9,10 @@ Generic over the spec. Units of the descent:
   heads with a cost invariant to the inner maps (inner products of QK and OV circuits,
   computed from the low-rank factors), then each matched head's inner basis.
 
-Spaces other than the residual one touch only the residual space, so given the residual map
-they are independent: one iteration solves all of them (several at once, one per core),
-then the residual map. Tensors
+In transformers the spaces other than the residual one touch only the residual space, so
+given the residual map they are independent: one iteration solves all of them (several at
+once, one per core), then the residual map. Units that share a tensor (chained layers) are
+solved one after another, each given the steps before it. Tensors
 inside a head contribute through their circuits (invariant to the inner maps); all others
 through their plain inner product. The objective never decreases: a step that would lower
 it is undone. The units' steps live in ``problem``, the residual map's in ``residual``.
@@ -99,13 +100,15 @@ class UnitStep:
     new: dict[str, Element]
     moved: StateDict
     terms: dict[str, float]
+    cross: dict[str, torch.Tensor]  # the residual cache's entries for the moved tensors
     seconds: float
 
 
 def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
                el: dict[str, Element], bt_all: StateDict) -> UnitStep:
-    """Solve ``unit`` given every other element. Reads only ``unit``'s own tensors (and
-    brings them up to date with the residual map), so different units may run at once."""
+    """Solve ``unit`` given every other element. Of the shared state it writes only its own
+    tensors' entries (``cache.refresh`` brings them up to date with the residual map) and
+    reads ``el``, so units that share no tensor may run at once."""
     t0 = time.perf_counter()
     spec = prob.spec
     mine = {unit, *prob.inner_of.get(unit, [])}
@@ -120,21 +123,39 @@ def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
     new = prop.finish(perm)
     moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
     terms = prob.terms(moved, prob.term_names(unit))
-    return UnitStep(unit, names, new, moved, terms, time.perf_counter() - t0)
+    cross = {}
+    if cache is not None and not torch.equal(new[unit].perm, el[unit].perm):
+        cross = cache.permuted(moved, unit, el[unit], new[unit])
+    return UnitStep(unit, names, new, moved, terms, cross, time.perf_counter() - t0)
 
 
-def solved_in_order(pool: ThreadPoolExecutor, workers: int, prob: Problem,
+def solved_in_order(pool: ThreadPoolExecutor, depth: int, prob: Problem,
                     cache: ResidualCache | None, due: list[str], el: dict[str, Element],
                     bt_all: StateDict) -> Iterator[UnitStep]:
-    """The ``due`` units solved on the pool, yielded in order; at most ``workers`` + 1 in
-    flight (each holds an n x n cost while it runs)."""
+    """The ``due`` units solved on the pool, yielded in order, at most ``depth`` in flight
+    (each holds an n x n cost while it runs; depth 1: each sees the steps taken before)."""
     pending: list[Future] = []
     for unit in due:
         pending.append(pool.submit(solve_unit, prob, cache, unit, el, bt_all))
-        if len(pending) > workers:
+        if len(pending) >= depth:
             yield pending.pop(0).result()
     for future in pending:
         yield future.result()
+
+
+#: Memory the units in flight may hold (each an n x n cost in float32 and its float64 copy).
+UNITS_IN_FLIGHT_BYTES = 2 << 30
+
+
+def unit_workers(prob: Problem, threads: int) -> tuple[int, int]:
+    """(workers, depth): units solved at once (one per core, within the memory budget) and
+    units in flight. Units that share a tensor are solved one after another."""
+    if not prob.independent or not prob.units:
+        return 1, 1
+    n = max(prob.spec.spaces[u].size // prob.spec.spaces[u].block for u in prob.units)
+    fit = max(1, UNITS_IN_FLIGHT_BYTES // (12 * n * n) - 1)
+    workers = max(1, min(threads, fit))
+    return workers, workers + 1
 
 
 def weight_matching(
@@ -185,7 +206,8 @@ def weight_matching(
     # Units are independent given the residual map, so several are solved at once, one per
     # core, each single-threaded (an assignment is single-threaded anyway, and one product
     # per core uses the cores as well as one product on all of them).
-    workers = max(1, torch.get_num_threads())
+    threads = torch.get_num_threads()
+    workers, depth = unit_workers(prob, threads)
     pool = ThreadPoolExecutor(max_workers=workers, initializer=torch.set_num_threads,
                               initargs=(1,))
     try:
@@ -199,20 +221,19 @@ def weight_matching(
             # 1) every non-residual unit given the others (in canonical models they only meet
             #    the residual space, so their order is irrelevant).
             t0 = time.perf_counter()
-            for step in solved_in_order(pool, workers, prob, cache, due, el, bt_all):
+            for step in solved_in_order(pool, depth, prob, cache, due, el, bt_all):
                 done = step.unit
                 same = torch.equal(step.new[done].perm, el[done].perm)
                 if same or sum(step.terms.values()) >= sum(terms[k] for k in step.terms):
                     # (Same assignment: the terms are unchanged, as circuits do not see the
                     # inner maps, which may still move; rounding noise must not veto them.)
-                    before, was = {n: bt_all[n] for n in step.names}, el[done]
                     el.update(step.new)
                     bt_all.update(step.moved)
                     if not same:
                         terms.update(step.terms)
                         changed += 1
                         if cache is not None:
-                            cache.permuted(step.names, before, done, was, step.new[done])
+                            cache.cross.update(step.cross)
                     quiet[done] = (quiet[done] or it + 1) if same else 0  # 1-based
                 cpu[spec.roles.get(done, "permutation")] += step.seconds
             wall["units"] = time.perf_counter() - t0
@@ -243,5 +264,7 @@ def weight_matching(
                     break
                 quiet = dict.fromkeys(units, 0)  # confirm with a full sweep
     finally:
-        pool.shutdown()
+        pool.shutdown(cancel_futures=True)
+        # (a worker's set_num_threads also sets the default of threads started later)
+        torch.set_num_threads(threads)
     return MatchResult(Transform(el), trace, converged, init_objective, norm)
