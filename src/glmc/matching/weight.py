@@ -12,10 +12,10 @@ Generic over the spec. Units of the descent:
 In transformers the spaces other than the residual one touch only the residual space, so
 given the residual map they are independent: one iteration solves all of them (several at
 once, one per core), then the residual map. Units that share a tensor (chained layers) are
-solved one after another, each given the steps before it. Tensors
-inside a head contribute through their circuits (invariant to the inner maps); all others
-through their plain inner product. The objective never decreases: a step that would lower
-it is undone. The units' steps live in ``problem``, the residual map's in ``residual``.
+solved one after another, each given the steps before it. Tensors inside a head contribute
+through their circuits (invariant to the inner maps); all others through their plain inner
+product. The objective never decreases: a step that would lower it is undone. The units'
+steps live in ``problem``, the residual map's in ``residual``.
 """
 
 from __future__ import annotations
