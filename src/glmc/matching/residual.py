@@ -111,14 +111,13 @@ class ResidualCache:
         that moved enter: C_n + A_Uᵀ·(B̃_U,new − B̃_U,old)·T over the changed positions U,
         a few percent of the product once the permutations settle."""
         out = {}
+        changed = (torch.nonzero(old.index() != new.index()).flatten()
+                   if isinstance(old, Permutation) and isinstance(new, Permutation) else None)
         for n, bt in moved.items():
             if n not in self.axis:
                 continue
             axes = [i for i, tag in enumerate(self.prob.spec.axes[n])
                     if any(s == space for s, _ in tag or ())]
-            changed = (torch.nonzero(old.index() != new.index()).flatten()
-                       if isinstance(old, Permutation) and isinstance(new, Permutation)
-                       else None)
             if len(axes) != 1 or changed is None or 2 * changed.numel() > old.size:
                 out[n] = self._cross(n, bt)
                 continue
