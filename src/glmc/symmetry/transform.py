@@ -152,7 +152,9 @@ class Transform:
             tensors = load_file(str(path))
             elements = {}
             for name, m in meta.items():
-                own = {k.split("/", 1)[1]: t for k, t in tensors.items()
+                # (cloned: a fresh, aligned allocation computes bit for bit like the saved
+                # element; BLAS may round differently on a buffer's unaligned views)
+                own = {k.split("/", 1)[1]: t.clone() for k, t in tensors.items()
                        if k.split("/", 1)[0] == name}
                 elements[name] = element_from_tensors(m["kind"], own, m)
         except GlmcError:
