@@ -7,6 +7,7 @@ use them too).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 from transformers import GPT2Config, ViTConfig  # noqa: E402
 from transformers.pytorch_utils import Conv1D  # noqa: E402
 
+from glmc.data._files import DATA_INSTALL  # noqa: E402
 from glmc.models.importers import IMPORTERS, Importer  # noqa: E402
 from glmc.models.model import CanonicalModel  # noqa: E402
 from glmc.verify import random_inputs  # noqa: E402
@@ -140,6 +142,28 @@ def rel_diff(ref: torch.Tensor, other: torch.Tensor) -> float:
     return float((ref - other).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
+def require(available: bool, reason: str) -> None:
+    """Skip the calling test unless ``available``; under CI (``CI`` is ``true`` or ``1``) fail
+    it instead: CI installs every optional package (``.[test]``), and a skip there would hide a
+    broken install step.
+
+    Args:
+        available: whether what the test needs (a package, a data file) is there.
+        reason: what is missing and how to get it, e.g. "mlxtend: pip install 'glmc[data]'".
+    """
+    if available:
+        return
+    if os.environ.get("CI", "").strip().lower() in ("true", "1"):
+        pytest.fail(f"missing under CI, where every test must run: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_packages(*packages: str, install: str = DATA_INSTALL) -> None:
+    """:func:`require` the packages (found without importing them), naming how to install them."""
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    require(not missing, f"{', '.join(missing)}: {install}")
+
+
 def rel_weight_distance(a: CanonicalModel, b: CanonicalModel) -> float:
     """sqrt(Σ ‖B_t − A_t‖²) / sqrt(Σ ‖A_t‖²) over every tensor."""
     assert a.state.keys() == b.state.keys()
@@ -152,6 +176,8 @@ class Helpers:
     """The builders, as one fixture value (``h``)."""
 
     make_tiny = staticmethod(make_tiny)
+    require = staticmethod(require)
+    require_packages = staticmethod(require_packages)
     canonical_output = staticmethod(canonical_output)
     rel_diff = staticmethod(rel_diff)
     rel_weight_distance = staticmethod(rel_weight_distance)

@@ -21,7 +21,7 @@ from glmc.models import canonical as canonical_module
 from glmc.plots import plot_barriers
 from glmc.symmetry.transform import Transform
 
-CHARS = "abcdefghijklmnopqrstuvwxyz .,\n"  # 30 characters; the tiny GPT-2 has 50 ids
+CHARS = "abcdefghijklmnopqrstuvwxyz .,\n"  # 30 characters: the tiny GPT-2's 30 ids
 
 # -- the arithmetic -----------------------------------------------------------------------
 
@@ -62,7 +62,8 @@ def lm_pair(tmp_path_factory, h) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("lm")
     tok = CharTokenizer("".join(sorted(CHARS)))
     for seed, name in ((0, "a"), (1, "b")):
-        h.make_tiny("gpt2", seed=seed, dtype=torch.float32).stock.save_pretrained(root / name)
+        h.make_tiny("gpt2", seed=seed, dtype=torch.float32,
+                    vocab=len(CHARS)).stock.save_pretrained(root / name)
         save_tokenizer(root / name, tok)
     rng = random.Random(0)
     text = root / "corpus.txt"

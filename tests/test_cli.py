@@ -3,8 +3,12 @@ errors (exit 2, no traceback) on bad input."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -12,8 +16,9 @@ from safetensors.torch import load_file, save_file
 from transformers import GPT2LMHeadModel, ViTForImageClassification
 from transformers.utils import logging as hf_logging
 
-import glmc.cli.align
+import glmc
 from glmc.cli.main import COMMANDS, main
+from glmc.defaults import METHOD_NAMES
 from glmc.io.folders import load_model, write_model
 from glmc.models.circuit import to_circuit
 from glmc.symmetry.groups import Permutation
@@ -89,12 +94,48 @@ def test_every_command_help_has_an_example(cli, command):
     rc, out, _ = cli(command, "--help")
     assert rc == 0
     assert "example" in out.lower() and f"glmc {command}" in out
+    assert "(default: None)" not in out and "(default: False)" not in out  # only informative
+
+
+def test_help_shows_informative_defaults(cli):
+    rc, out, _ = cli("align", "--help")
+    assert rc == 0 and "(default: 15)" in out and "(default: orthogonal)" in out
 
 
 def test_top_level_help(cli):
     rc, out, _ = cli("--help")
     assert rc == 0 and "example" in out.lower()
     assert all(c in out for c in COMMANDS)
+    assert "(default: None)" not in out and "(default: False)" not in out
+
+
+def test_version(cli):
+    rc, out, _ = cli("--version")
+    assert rc == 0 and out == f"glmc {glmc.__version__}\n"
+    assert glmc.__version__ == importlib.metadata.version("glmc")  # (pyproject reads it)
+
+
+def test_help_and_version_do_not_import_torch():
+    """Building the parser, every --help and --version stay clear of torch, transformers and
+    numpy, so they answer at once (benchmarks/startup.py times them)."""
+    code = textwrap.dedent("""
+        import contextlib, io, sys
+        from glmc.cli.main import COMMANDS, build_parser, main
+        build_parser()
+        for argv in (["--help"], ["--version"], *([c, "--help"] for c in COMMANDS)):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+                main(argv)
+        print(sorted(m for m in ("torch", "transformers", "numpy") if m in sys.modules))
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == "[]"
+
+
+def test_help_lists_every_barrier_method():
+    from glmc.barrier import METHODS
+
+    assert tuple(METHODS) == METHOD_NAMES  # (the help's list, kept torch-free in glmc.defaults)
 
 
 # -- verify --------------------------------------------------------------------------------
@@ -330,17 +371,18 @@ def test_sharded_checkpoints(h, cli, tmp_path):
     assert rc == 2 and f"{shards[0]}: shard named in model.safetensors.index.json" in err
 
 
-def test_align_replaces_its_own_output_and_a_foreign_folder_only_with_force(cli, gpt2_folder,
-                                                                            tmp_path):
+def test_align_replaces_an_existing_output_only_with_force(cli, gpt2_folder, tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     (out_dir / "stale.txt").write_text("someone's result")
     rc, _, err = cli("align", gpt2_folder, gpt2_folder, "-o", out_dir)
-    assert rc == 2 and "not written by glmc" in err and "--force" in err
+    assert rc == 2 and "exists and is not empty" in err and "--force" in err
     assert (out_dir / "stale.txt").read_text() == "someone's result"
     assert cli("align", gpt2_folder, gpt2_folder, "-o", out_dir, "--force")[0] == 0
     assert not (out_dir / "stale.txt").exists() and (out_dir / "transform.safetensors").exists()
-    assert cli("align", gpt2_folder, gpt2_folder, "-o", out_dir)[0] == 0  # its own: a re-run
+    rc, _, err = cli("align", gpt2_folder, gpt2_folder, "-o", out_dir)  # glmc's own output too
+    assert rc == 2 and "--force" in err
+    assert cli("align", gpt2_folder, gpt2_folder, "-o", out_dir, "--force")[0] == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "out"]  # no temp, no .old
 
 
@@ -348,7 +390,7 @@ def test_force_replaces_a_file_and_later_runs_replace_the_folder(cli, gpt2_folde
     out = tmp_path / "out"
     out.write_text("a file where the output goes")
     rc, _, err = cli("canonicalize", gpt2_folder, "-o", out)
-    assert rc == 2 and "not a folder" in err and out.read_text().startswith("a file")
+    assert rc == 2 and "exists and is not empty" in err and out.read_text().startswith("a file")
     for _ in range(2):  # the first replaces the file, the second its own output
         assert cli("canonicalize", gpt2_folder, "-o", out, "--force")[0] == 0
         assert (out / "glmc_report.json").is_file()
@@ -373,7 +415,8 @@ def test_canonicalize_writes_its_report_beside_the_weights(cli, gpt2_folder, tmp
     assert cli("canonicalize", gpt2_folder, "-o", tmp_path / "c")[0] == 0
     report = json.loads((tmp_path / "c" / "glmc_report.json").read_text())
     assert report["command"] == "canonicalize" and report["certificate"]["equal"]
-    assert cli("canonicalize", gpt2_folder, "-o", tmp_path / "c")[0] == 0  # its own: a re-run
+    assert cli("canonicalize", gpt2_folder, "-o", tmp_path / "c")[0] == 2  # its own: --force
+    assert cli("canonicalize", gpt2_folder, "-o", tmp_path / "c", "--force")[0] == 0
 
 
 def test_pickle_checkpoint_loads_with_allow_pickle(cli, gpt2_folder):
@@ -403,17 +446,18 @@ def _interrupt(*args, **kwargs):
     raise KeyboardInterrupt
 
 
-@pytest.mark.parametrize("where", ["write_model", "align"])
+@pytest.mark.parametrize("where", ["glmc.io.folders.write_model", "glmc.api.align"])
 @pytest.mark.parametrize("existing", [False, True], ids=["new-out", "existing-out"])
 def test_interrupted_align_leaves_no_partial_output(cli, gpt2_folder, tmp_path, monkeypatch,
                                                     where, existing):
     out_dir = tmp_path / "out"
     if existing:
-        out_dir.mkdir()  # an earlier result of glmc's, which a finished run would replace
+        out_dir.mkdir()  # an earlier result, which a finished run would replace (--force)
         (out_dir / "glmc_report.json").write_text("{}")
-    monkeypatch.setattr(glmc.cli.align, where, _interrupt)
+    monkeypatch.setattr(where, _interrupt)  # (the command imports both when it runs)
     before = {p.name for p in tmp_path.iterdir()}
-    rc, _, err = cli("align", gpt2_folder, gpt2_folder, "-o", out_dir)
+    rc, _, err = cli("align", gpt2_folder, gpt2_folder, "-o", out_dir,
+                     *(["--force"] if existing else []))
     assert rc == 130 and "interrupted" in err and "Traceback" not in err
     assert {p.name for p in tmp_path.iterdir()} == before  # no stray temp folder
     if existing:

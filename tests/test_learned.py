@@ -242,8 +242,8 @@ def test_cli_align_learned_writes_a_symmetric_copy_and_its_report(planted, tmp_p
         write_model(tmp_path / name, m)
     out = tmp_path / "out"
     args = ["align", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(out), "--method",
-            "learned", "--data", str(text), "--steps", "6", "--eval-every", "3",
-            "--train-batch-size", "8", "--json"]
+            "learned", "--data", str(text), "--tokenizer", "char", "--steps", "6",
+            "--eval-every", "3", "--train-batch-size", "8", "--json"]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["certificate"]["equal"]

@@ -109,18 +109,35 @@ def test_same_seed_same_weights_other_seed_differs(gpt2_run, text_file, tmp_path
     assert not torch.equal(w0["transformer.wte.weight"], w1["transformer.wte.weight"])
 
 
-def test_gpt2_kill_and_resume_is_bit_identical(gpt2_run, text_file, tmp_path) -> None:
+class Killed(Exception):
+    """A kill: the run gets no chance to write a checkpoint on the way out."""
+
+
+@pytest.mark.parametrize("how", ["interrupt", "kill"])
+def test_gpt2_stop_and_resume_is_bit_identical(gpt2_run, text_file, tmp_path, how) -> None:
+    """Stopped after step 13 (checkpoints every 5): an interrupt (stop_after, as Ctrl-C)
+    checkpoints step 13 on the way out; a kill leaves the checkpoint of step 10. Either way
+    the resumed run ends with the uninterrupted run's weights and log."""
     out, straight = gpt2_run
     cfg = gpt2_cfg(text_file, checkpoint_every=5)
     seen: list[int] = []
-    with pytest.raises(TrainingStopped):  # killed at step 13, after the checkpoint of step 10
-        train(cfg, tmp_path / "r", progress=False, stop_after=13,
-              on_step=lambda step, loss: seen.append(step))
+
+    def on_step(step: int, loss: float) -> None:
+        seen.append(step)
+        if how == "kill" and step == 13:
+            raise Killed
+
+    with pytest.raises(TrainingStopped if how == "interrupt" else Killed) as stopped:
+        train(cfg, tmp_path / "r", progress=False, on_step=on_step,
+              stop_after=13 if how == "interrupt" else None)
     assert seen == list(range(1, 14)) and checkpoint_path(tmp_path / "r").is_file()
+    if how == "interrupt":
+        assert stopped.value.step == 13 and stopped.value.checkpoint == checkpoint_path(
+            tmp_path / "r")
     assert not (tmp_path / "r").exists()
     record = train(cfg, tmp_path / "r", resume=True, progress=False)
     assert_same_weights(out, tmp_path / "r")
-    assert record["log"]["resumed_at"] == [10]
+    assert record["log"]["resumed_at"] == [13 if how == "interrupt" else 10]
     assert record["log"]["train"] == straight["log"]["train"]  # same losses, pending ones too
     assert record["log"]["val"] == straight["log"]["val"]
     # resuming a finished run returns its record without training
@@ -202,5 +219,5 @@ def test_cli_bad_input_one_line_exit_2(case, text_file, tmp_path, capsys) -> Non
     assert case == "not-a-model-folder" or not out.exists()
     expect = {"vit-on-text": "holds text", "gpt2-on-images": "holds images",
               "patch": "patch size 3", "empty": "empty", "heads": "does not divide",
-              "not-a-model-folder": "not written by glmc"}[case]
+              "not-a-model-folder": "exists and is not empty"}[case]
     assert expect in err

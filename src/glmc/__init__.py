@@ -1,11 +1,26 @@
 """glmc: align networks modulo their weight symmetries, measure loss barriers, merge them."""
 
-from glmc.api import Alignment, align, interpolate, load, merge
-from glmc.errors import GlmcError
-from glmc.models.model import CanonicalModel
-from glmc.symmetry.spec import SymmetrySpec
-from glmc.symmetry.transform import Transform
+from __future__ import annotations
 
-__version__ = "0.1.0"
+from typing import TYPE_CHECKING
+
+from glmc._lazy import lazy_exports
+from glmc._version import __version__
+from glmc.errors import GlmcError
+
+if TYPE_CHECKING:
+    from glmc.api import Alignment, align, interpolate, load, merge, save
+    from glmc.models.model import CanonicalModel
+    from glmc.symmetry.spec import SymmetrySpec
+    from glmc.symmetry.transform import Transform
+
+# Loaded on first use, so that ``import glmc.cli.main`` (and ``glmc --help``) skip torch.
+_EXPORTS = {
+    **dict.fromkeys(("Alignment", "align", "interpolate", "load", "merge", "save"), "glmc.api"),
+    "CanonicalModel": "glmc.models.model",
+    "SymmetrySpec": "glmc.symmetry.spec",
+    "Transform": "glmc.symmetry.transform",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = ["Alignment", "CanonicalModel", "GlmcError", "SymmetrySpec", "Transform", "align",
-           "interpolate", "load", "merge", "__version__"]
+           "interpolate", "load", "merge", "save", "__version__"]

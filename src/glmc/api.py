@@ -4,19 +4,25 @@
 >>> a, b = glmc.load("runs/gpt-a"), glmc.load("runs/gpt-b")
 >>> result = glmc.align(a, b)                      # weight matching, orthogonal residual
 >>> merged, alignment = glmc.merge(a, b, alpha=0.5, align_method="weight")
+>>> result.save("runs/b-aligned")                  # what `glmc align ... -o` writes
+>>> glmc.save(merged, "runs/merged")               # what `glmc merge ... -o` writes
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from glmc.data import TOKENIZER_FILE, Dataset, Tokenizer
 from glmc.errors import GlmcError
-from glmc.io.folders import LoadedModel, load_model
+from glmc.evaluate import check_data_fits, load_eval_data
+from glmc.io.folders import REPORT, LoadedModel, load_model, save_folder, write_json
+from glmc.io.outputs import check_output, model_bytes, output_errors
 from glmc.matching.learned import LearnedMatchingOptions, LearnedResult, learned_matching
 from glmc.matching.weight import (
     MatchResult,
@@ -28,6 +34,7 @@ from glmc.matching.weight import (
 from glmc.models.circuit import to_circuit
 from glmc.models.model import CanonicalModel
 from glmc.symmetry.transform import StateDict, Transform
+from glmc.verify import canonical_logits, certify_folder, random_inputs
 
 ModelLike = CanonicalModel | LoadedModel | str | Path
 
@@ -43,6 +50,31 @@ def canonical(model: ModelLike) -> CanonicalModel:
     if isinstance(model, (str, Path)):
         model = load_model(model)
     return model.canonical if isinstance(model, LoadedModel) else model
+
+
+def name_of(model: Any, default: str) -> str:
+    """A model's folder for messages and reports (``default`` for one made in memory)."""
+    if isinstance(model, LoadedModel):
+        return str(model.path)
+    return str(model) if isinstance(model, (str, Path)) else default
+
+
+def _same_json(x: str, y: str) -> bool:
+    try:
+        return json.loads(x) == json.loads(y)
+    except ValueError:
+        return x == y
+
+
+def shared_tokenizer(a: CanonicalModel, b: CanonicalModel, where: str = "A vs B") -> str | None:
+    """The tokenizer file both models were trained with (``glmc_tokenizer.json``; one of them
+    may lack it), or None; a GlmcError when they hold different ones."""
+    ta, tb = a.files.get(TOKENIZER_FILE), b.files.get(TOKENIZER_FILE)
+    if ta is not None and tb is not None and not _same_json(ta, tb):
+        raise GlmcError(f"{where}: the models hold different tokenizers ({TOKENIZER_FILE}); "
+                        "they were not trained on the same token ids, so they are not "
+                        "comparable")
+    return ta if ta is not None else tb
 
 
 def read_token_counts(path: str | Path, vocab_size: int) -> torch.Tensor:
@@ -79,6 +111,9 @@ def prepare_pair(model_a: ModelLike, model_b: ModelLike,
     if heads not in ("inner", "circuit"):
         raise GlmcError(f"unknown heads mode {heads!r} (inner or circuit)")
     a, b = canonical(model_a), canonical(model_b)
+    tokenizer = shared_tokenizer(a, b, f"{name_of(model_a, 'A')} vs {name_of(model_b, 'B')}")
+    if tokenizer is not None:  # (an output of either carries it)
+        a, b = (m.with_files({TOKENIZER_FILE: tokenizer}) for m in (a, b))
     if heads == "circuit":
         a, b = to_circuit(a), to_circuit(b)
     check_pair(a, b)
@@ -87,7 +122,10 @@ def prepare_pair(model_a: ModelLike, model_b: ModelLike,
 
 @dataclass
 class Alignment:
-    """B aligned to A: ``aligned`` = transform applied to ``b`` (same function as ``b``)."""
+    """B aligned to A: ``aligned`` = transform applied to ``b`` (same function as ``b``).
+
+    ``settings``: what produced it (inputs, method, residual, heads), for the report.
+    """
 
     a: CanonicalModel
     b: CanonicalModel
@@ -95,6 +133,25 @@ class Alignment:
     transform: Transform
     match: MatchResult | None
     learned: LearnedResult | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def report(self) -> dict[str, Any]:
+        """The report ``glmc align`` writes (without the certificate and timing)."""
+        return {"command": "align", **self.settings,
+                "matching": self.match.to_json() if self.match else None,
+                "learned": self.learned.to_json() if self.learned else None}
+
+    def save(self, path: str | Path, *, force: bool = False, stock: bool = True) -> dict:
+        """Write B aligned as ``glmc align`` does: the model folder (stock class when
+        representable) with B's tokenizer and generation config, ``transform.safetensors``,
+        and ``glmc_report.json`` with the certificate that the folder computes B's function.
+        An existing non-empty ``path`` needs ``force``. Returns the report."""
+        report = save(self.aligned, path, force=force, stock=stock, report=self.report(),
+                      transform=self.transform)
+        x = random_inputs(self.b.config)
+        report["certificate"] = certify_folder(path, x, canonical_logits(self.b)(x))
+        write_report(path, report)
+        return report
 
 
 def align(
@@ -108,7 +165,8 @@ def align(
     tol: float = 1e-5,
     weighting: str = "sqrt",
     token_counts: torch.Tensor | None = None,
-    data=None,
+    data: str | Path | Dataset | None = None,
+    tokenizer: str | Tokenizer | None = None,
     learned: LearnedMatchingOptions | None = None,
     progress=None,
     learned_progress=None,
@@ -119,13 +177,19 @@ def align(
     "circuit" rewrites both models with attention in circuit form first (exact; the result
     is no longer the stock architecture).
     token_counts: (vocab,) counts; vocabulary rows of unseen tokens do not count.
-    method "learned": weight matching, then learned matching on ``data`` (a glmc.data
-    dataset that fits the models) with options ``learned``; its residual group follows
+    method "learned": weight matching, then learned matching on ``data`` (a dataset name or
+    path, as ``--data`` takes, or a glmc.data dataset; text is encoded with the models'
+    tokenizer or ``tokenizer``) with options ``learned``; its residual group follows
     ``residual`` (permutation: the paper's permutation-only ablation).
     """
     if method not in METHODS:
         raise GlmcError(f"unknown alignment method {method!r} (available: {', '.join(METHODS)})")
     a, b = prepare_pair(model_a, model_b, heads)
+    settings = {"a": name_of(model_a, "A"), "b": name_of(model_b, "B"), "method": method,
+                "residual": residual, "heads": heads}
+    options = replace(learned or LearnedMatchingOptions(), residual=residual)
+    if method == "learned":  # the data are checked before any matching
+        data = learning_data(a, data, tokenizer, options.seed, settings["a"])
     row_masks = {}
     if token_counts is not None:
         if a.config.task != "causal_lm":
@@ -139,13 +203,24 @@ def align(
                                  weighting=weighting, row_masks=row_masks)
     match = weight_matching(a, b, opts, progress=progress)
     if method == "weight":
-        return Alignment(a, b, b.transformed(match.transform), match.transform, match)
-    if data is None:
-        raise GlmcError("learned matching needs training data (--data)")
-    options = replace(learned or LearnedMatchingOptions(), residual=residual)
+        return Alignment(a, b, b.transformed(match.transform), match.transform, match,
+                         settings=settings)
     result = learned_matching(a, b, data, match.transform, options,
                               fix_ones=centred_pair(a, b), progress=learned_progress)
-    return Alignment(a, b, b.transformed(result.transform), result.transform, match, result)
+    return Alignment(a, b, b.transformed(result.transform), result.transform, match, result,
+                     settings)
+
+
+def learning_data(a: CanonicalModel, data: str | Path | Dataset | None,
+                  tokenizer: str | Tokenizer | None, seed: int, where: str) -> Dataset:
+    """The data of learned matching (a name, a path or a dataset), checked to fit ``a``
+    in its train and val splits."""
+    if data is None:
+        raise GlmcError("learned matching trains on data: give --data (data= in Python)")
+    ds = load_eval_data(data, a.config, folders=[a], tokenizer=tokenizer, seed=seed)
+    for split in ("train", "val"):
+        check_data_fits(a.config, ds, split=split, where=where)
+    return ds
 
 
 def interpolate(a: StateDict, b: StateDict, alpha: float) -> StateDict:
@@ -170,3 +245,28 @@ def merge(
         return a.with_state(interpolate(a.state, b.state, alpha)), None
     al = align(model_a, model_b, method=align_method, **align_options)
     return al.a.with_state(interpolate(al.a.state, al.aligned.state, alpha)), al
+
+
+def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool = True,
+         report: dict | None = None, transform: Transform | None = None) -> dict:
+    """Write a model folder as the command line does, and return its report.
+
+    ``model``: a merged or aligned model (CanonicalModel) or a loaded one. The folder holds
+    the stock class when the model is representable (else a glmc folder, which every glmc
+    command reads), the tokenizer and generation config the model carries, ``transform``
+    when given, and ``glmc_report.json`` (``report`` plus the format written). An existing
+    non-empty ``path`` is replaced only with ``force``; the location is checked (writable,
+    free space) before anything is written, and the write is atomic.
+    """
+    m = canonical(model).to(torch.float32)
+    check_output(path, model_bytes(m.n_params()), force=force, option="path",
+                 force_flag="force=True")
+    report = dict(report or {})
+    report["format"] = save_folder(path, m, stock=stock, report=report, transform=transform)
+    return report
+
+
+def write_report(folder: str | Path, report: dict) -> None:
+    """Replace ``folder``'s ``glmc_report.json`` (atomically)."""
+    with output_errors(folder):
+        write_json(Path(folder) / REPORT, report)

@@ -320,18 +320,6 @@ def _describe(x: Any) -> str:
     return getattr(x, "name", None) or type(x).__name__
 
 
-def _folders(*models: Any) -> list[Path]:
-    from glmc.io.folders import LoadedModel
-
-    out = []
-    for m in models:
-        if isinstance(m, LoadedModel):
-            out.append(m.path)
-        elif isinstance(m, (str, Path)):
-            out.append(Path(m))
-    return out
-
-
 def prepare_barrier(
     a: Any,
     b: Any,
@@ -360,7 +348,7 @@ def prepare_barrier(
     where = f"{_describe(a)} vs {_describe(b)}"
     same_interface(ma.config, mb.config, where)
     check_pair(ma, mb)
-    ds = load_eval_data(data, ma.config, folders=_folders(a, b), tokenizer=tokenizer, seed=seed)
+    ds = load_eval_data(data, ma.config, folders=(a, b), tokenizer=tokenizer, seed=seed)
     ctx = check_data_fits(ma.config, ds, split=split, context=context, where=_describe(a))
     return ma, mb, ds, ctx
 

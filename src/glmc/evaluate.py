@@ -21,11 +21,13 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from glmc.data import (
+    DATASETS,
     TOKENIZER_FILE,
     Dataset,
     TextDataset,
@@ -34,21 +36,15 @@ from glmc.data import (
     check_text_fits,
     load_dataset,
     load_tokenizer,
+    tokenizer_from_json,
 )
 from glmc.data.splits import check_split
+from glmc.defaults import DEFAULT_IMAGE_BATCH, DEFAULT_TEXT_TOKENS, TEXT_LOGITS_BUDGET
 from glmc.errors import GlmcError
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 
 StateDict = dict[str, torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]
-
-#: Default cap on the tokens evaluated for a language model (the first windows of the split);
-#: Tiny Shakespeare's test split (55,770 characters) is evaluated whole.
-DEFAULT_TEXT_TOKENS = 65_536
-#: Default images per batch for classifiers.
-DEFAULT_IMAGE_BATCH = 250
-#: Default logits budget per text batch (batch x context x vocab floats).
-TEXT_LOGITS_BUDGET = 2**25
 
 
 @dataclass(frozen=True)
@@ -82,17 +78,34 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 # -- data ---------------------------------------------------------------------------------
 
 
-def _folder_tokenizer(folders: Iterable[str | Path]) -> tuple[Tokenizer | None, Path | None]:
-    """The glmc tokenizer saved beside the models (they must agree), and where it was found."""
-    found: tuple[Tokenizer, Path] | None = None
-    for folder in folders:
-        tok = load_tokenizer(folder)
+def _saved_tokenizer(model: Any) -> tuple[Tokenizer | None, str | None]:
+    """The tokenizer a model carries (a folder's ``glmc_tokenizer.json``) and where from."""
+    from glmc.io.folders import LoadedModel
+    from glmc.models.model import CanonicalModel
+
+    if isinstance(model, (str, Path)):
+        return load_tokenizer(model), str(Path(model) / TOKENIZER_FILE)
+    where = "the model's tokenizer"
+    if isinstance(model, LoadedModel):
+        model, where = model.canonical, str(model.path / TOKENIZER_FILE)
+    text = model.files.get(TOKENIZER_FILE) if isinstance(model, CanonicalModel) else None
+    return (None, None) if text is None else (tokenizer_from_json(text, where), where)
+
+
+def _folder_tokenizer(models: Iterable[Any]) -> tuple[Tokenizer | None, str | None]:
+    """The tokenizer saved with the models (they must agree), and where it was found.
+
+    ``models``: folders, LoadedModels or CanonicalModels (which carry their folder's files).
+    """
+    found: tuple[Tokenizer, str] | None = None
+    for model in models:
+        tok, where = _saved_tokenizer(model)
         if tok is None:
             continue
         if found is not None and found[0].to_json() != tok.to_json():
-            raise GlmcError(f"{found[1]} and {folder} hold different tokenizers; the models "
+            raise GlmcError(f"{found[1]} and {where} hold different tokenizers; the models "
                             "were not trained on the same token ids")
-        found = found or (tok, Path(folder) / TOKENIZER_FILE)
+        found = found or (tok, str(where))
     return found if found is not None else (None, None)
 
 
@@ -103,26 +116,58 @@ def load_eval_data(
     data: str | Path | Dataset,
     config: CanonicalConfig,
     *,
-    folders: Sequence[str | Path] = (),
+    folders: Sequence[Any] = (),
     tokenizer: str | Tokenizer | None = None,
     seed: int = 0,
 ) -> Dataset:
     """Load ``data`` (a dataset name or path, or a loaded dataset) for a model of ``config``.
 
-    Text is encoded with ``tokenizer`` when given, else with the ``glmc_tokenizer.json`` saved
-    in one of ``folders`` (the model folders), else with a character tokenizer built from the
-    text itself. A character the model's vocabulary lacks is one clear error naming the file.
+    Text is encoded with ``tokenizer`` when given, else with the ``glmc_tokenizer.json``
+    saved with ``folders`` (model folders, LoadedModels or CanonicalModels), else, for a
+    named dataset, with the dataset's own tokenizer. Whichever it is, its vocabulary must be
+    the model's: a text file with no tokenizer known, or a tokenizer of another size, is
+    refused rather than evaluated into a meaningless number. A character the tokenizer
+    lacks is one clear error naming the file.
 
     Raises:
-        GlmcError: unreadable, empty or malformed data, or text the tokenizer cannot encode.
+        GlmcError: unreadable, empty or malformed data, text the tokenizer cannot encode, or
+            no tokenizer that matches the model's vocabulary.
     """
     if not isinstance(data, (str, Path)):
         return data
-    source = None
+    if config.task != "causal_lm":
+        return load_dataset(str(data), seed=seed)  # images: no tokenizer
+    source = None if tokenizer is None else "--tokenizer"
     if tokenizer is None:
         tokenizer, source = _folder_tokenizer(folders)
-    if config.task != "causal_lm":
-        tokenizer = None  # images: no tokenizer (and none is rejected for image data)
+    if tokenizer is not None and not isinstance(tokenizer, str):
+        _check_vocab(tokenizer.vocab_size, config, f"{source}: the tokenizer")
+    ds = _load_text(data, tokenizer, source, seed)
+    if isinstance(ds, TextDataset):
+        if tokenizer is None and str(data).lower() not in DATASETS:
+            raise GlmcError(f"{data}: no tokenizer is known for the model (no "
+                            f"{TOKENIZER_FILE} beside it), so the text's token ids would be "
+                            f"a guess; {TOKENIZER_FIX.format(vocab=config.vocab_size)}")
+        _check_vocab(ds.vocab_size, config,
+                     f"{data}: the {ds.tokenizer.kind} tokenizer of the data")
+    return ds
+
+
+#: How to give text a tokenizer (the command-line option, or ``tokenizer=`` in Python).
+TOKENIZER_FIX = ("pass --tokenizer char (the text's sorted characters) or --tokenizer gpt2, "
+                 "whichever has the model's {vocab} tokens")
+
+
+def _check_vocab(size: int, config: CanonicalConfig, what: str) -> None:
+    if size != config.vocab_size:
+        raise GlmcError(f"{what} has {size} tokens, the model's vocabulary {config.vocab_size}; "
+                        "the token ids would not be the model's "
+                        f"({TOKENIZER_FIX.format(vocab=config.vocab_size)})")
+
+
+def _load_text(data: str | Path, tokenizer: str | Tokenizer | None, source: str | None,
+               seed: int) -> Dataset:
+    """``load_dataset`` with a clearer message for a character the tokenizer lacks."""
     try:
         return load_dataset(str(data), seed=seed, tokenizer=tokenizer or "char")
     except GlmcError as e:
@@ -337,19 +382,17 @@ def evaluate(
     max_batches: int | None = None,
     device: str | torch.device | None = "cpu",
     seed: int = 0,
+    tokenizer: str | Tokenizer | None = None,
 ) -> EvalResult:
     """Loss (and accuracy) of one model (CanonicalModel, LoadedModel or folder) on ``data``.
 
-    See :func:`fixed_batches` for ``max_batches``; text is read with the model folder's
-    tokenizer when there is one.
+    See :func:`fixed_batches` for ``max_batches``; text is read with the model's tokenizer
+    (or ``tokenizer``, see :func:`load_eval_data`).
     """
     from glmc.api import canonical
-    from glmc.io.folders import LoadedModel
 
-    folders = [model] if isinstance(model, (str, Path)) else (
-        [model.path] if isinstance(model, LoadedModel) else [])
     m = canonical(model)
-    ds = load_eval_data(data, m.config, folders=folders, seed=seed)
+    ds = load_eval_data(data, m.config, folders=[m], tokenizer=tokenizer, seed=seed)
     context = check_data_fits(m.config, ds, split=split, context=context)
     bs = batch_size or default_batch_size(m.config, context)
     batches = fixed_batches(ds, split, batch_size=bs, context=context, max_batches=max_batches)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -81,6 +82,14 @@ def compare(a: torch.Tensor, b: torch.Tensor, tol: float | None = None,
     if tol is None:
         tol = rel_tol * max(1.0, scale)
     return Certificate(diff, scale, tol)
+
+
+def certify_folder(folder: str | Path, x: torch.Tensor, want: torch.Tensor) -> dict:
+    """max |Δ logits| between the model folder as written and the reference logits ``want``
+    on inputs ``x`` (the folder's own class, float64), as a report entry."""
+    from glmc.io.folders import load_model
+
+    return compare(want, folder_logits(load_model(folder))(x)).to_json()
 
 
 def same_interface(a: CanonicalConfig, b: CanonicalConfig, where: str) -> None:

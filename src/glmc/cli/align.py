@@ -5,63 +5,68 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-from glmc.api import Alignment, align, read_token_counts
-from glmc.cli.common import add_allow_pickle, add_json, add_out, console, emit_json
+from glmc.cli.common import add_allow_pickle, add_json, add_out, emit_json
 from glmc.cli.main import add_command
-from glmc.cli.options import add_alignment_options, add_learned_options, learned_options
-from glmc.distributed import is_main, process_group
-from glmc.errors import GlmcError
-from glmc.evaluate import check_data_fits, load_eval_data
-from glmc.io.atomic import atomic_dir
-from glmc.io.folders import (
-    LoadedModel,
-    check_replaceable,
-    load_model,
-    write_json,
-    write_model,
+from glmc.cli.options import (
+    add_alignment_options,
+    add_learned_options,
+    add_tokenizer,
+    learned_options,
 )
-from glmc.models.model import CanonicalModel
-from glmc.verify import compare, folder_logits, random_inputs, same_interface
+from glmc.errors import GlmcError
 
-REPORT = "glmc_report.json"
-TRANSFORM = "transform.safetensors"
+if TYPE_CHECKING:  # (torch and the library load when a command runs: --help stays fast)
+    import torch
+
+    from glmc.api import Alignment
+    from glmc.io.folders import LoadedModel
+    from glmc.models.model import CanonicalModel
 
 
 def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel]:
-    """Both input folders, checked to share their inputs and outputs; OUT must be neither."""
+    """Both input folders, checked to share their inputs, outputs and tokenizer; OUT must be
+    neither, and must be free (or --force), writable and have room for B's size."""
+    from glmc.api import shared_tokenizer
+    from glmc.io.folders import load_model
+    from glmc.io.outputs import check_output, model_bytes, stored_params
+    from glmc.verify import same_interface
+
     out = Path(args.out).resolve()
     for name in (args.a, args.b):
         if Path(name).resolve() == out:
             raise GlmcError(f"{args.out}: the output folder would replace input {name}")
-    check_replaceable(args.out, args.force)
+    check_output(args.out, model_bytes(stored_params(args.b)), force=args.force)
     if args.iters < 1:
         raise GlmcError(f"--iters must be at least 1, got {args.iters}")
     a = load_model(args.a, allow_pickle=args.allow_pickle)
     a.stock_state = None  # (A is needed in canonical form only)
     b = load_model(args.b, allow_pickle=args.allow_pickle)
     same_interface(a.canonical.config, b.canonical.config, f"{args.a} vs {args.b}")
+    shared_tokenizer(a.canonical, b.canonical, f"{args.a} vs {args.b}")
     return a, b
 
 
 def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel,
                   method: str) -> Alignment:
     """Weight matching (with a spinner), then learned matching (with a progress bar)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from glmc.api import align, read_token_counts
+    from glmc.cli.common import console
+    from glmc.distributed import is_main
+
     counts = None
     if args.token_counts:
         counts = read_token_counts(args.token_counts, a.canonical.config.vocab_size)
-    data = learned = None
-    if method == "learned":
-        if not getattr(args, "data", None):
-            raise GlmcError("learned matching trains on data: give --data")
-        cfg = a.canonical.config
-        data = load_eval_data(args.data, cfg, folders=[a.path, b.path], seed=args.seed)
-        for split in ("train", "val"):
-            check_data_fits(cfg, data, split=split, where=str(args.a))
-        learned = learned_options(args, args.out)
+    learned = learned_options(args, args.out) if method == "learned" else None
     quiet = getattr(args, "json", False) or not is_main()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
@@ -81,22 +86,20 @@ def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel,
                        description=f"learned matching: loss {loss:.4f}, "
                        f"midpoint barrier {state['barrier']}")
 
-        return align(a.canonical, b.canonical, method=method, residual=args.residual,
+        return align(a, b, method=method, residual=args.residual,
                      heads=args.heads, max_iter=args.iters, tol=args.tol,
                      weighting=args.weighting, token_counts=counts,
-                     data=data, learned=learned, progress=progress,
-                     learned_progress=learned_progress)
+                     data=getattr(args, "data", None), tokenizer=getattr(args, "tokenizer", None),
+                     learned=learned, progress=progress, learned_progress=learned_progress)
 
 
 def write_output(out: str, model: CanonicalModel, stock: bool, extra: dict,
                  transform=None) -> tuple[str, Path]:
-    """Write the model folder atomically with the report (and transform) beside the weights."""
-    with atomic_dir(out) as tmp:
-        fmt = write_model(tmp, model, stock=stock)
-        if transform is not None:
-            transform.save(tmp / TRANSFORM)
-        write_json(tmp / REPORT, {"format": fmt, **extra})
-    return fmt, Path(out)
+    """Write the model folder atomically with the report (and transform) beside the weights,
+    as the library's :func:`glmc.save` does."""
+    from glmc.io.folders import save_folder
+
+    return save_folder(out, model, stock=stock, report=extra, transform=transform), Path(out)
 
 
 def drop_checkpoint(args: argparse.Namespace, method: str) -> None:
@@ -108,13 +111,10 @@ def drop_checkpoint(args: argparse.Namespace, method: str) -> None:
 def reference_logits(b: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and B's own logits on them (its folder's class, float64), for the certificate
     (computed up front, so that B's stock weights can be released before the matching)."""
+    from glmc.verify import folder_logits, random_inputs
+
     x = random_inputs(b.canonical.config)
     return x, folder_logits(b)(x)
-
-
-def certify_folder(out: Path, x: torch.Tensor, want: torch.Tensor) -> dict:
-    """max |Δ logits| between the folder as written and the reference logits ``want``."""
-    return compare(want, folder_logits(load_model(out))(x)).to_json()
 
 
 def summary(args: argparse.Namespace, al: Alignment) -> list[str]:
@@ -143,6 +143,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="weight: data-free weight matching; learned: weight matching, then "
                    "learned matching on --data")
     p.add_argument("--data", help="training data for learned matching (name or path)")
+    add_tokenizer(p)
     p.add_argument("--no-stock", action="store_true",
                    help="always write a glmc folder, even when the stock class could hold it")
     add_alignment_options(p)
@@ -153,11 +154,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from glmc.distributed import process_group
+
     with process_group():
         return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
+    import torch
+
+    from glmc.api import write_report
+    from glmc.distributed import is_main
+    from glmc.verify import certify_folder
+
     t0 = time.perf_counter()
     a, b = load_pair(args)
     if is_main():
@@ -166,10 +175,7 @@ def _run(args: argparse.Namespace) -> int:
     al = run_alignment(args, a, b, args.method)
     if not is_main():
         return 0
-    report = {"command": "align", "a": str(args.a), "b": str(args.b), "method": args.method,
-              "residual": args.residual, "heads": args.heads,
-              "matching": al.match.to_json() if al.match else None,
-              "learned": al.learned.to_json() if al.learned else None}
+    report = al.report() | {"a": str(args.a), "b": str(args.b)}
     lines, aligned, transform = summary(args, al), al.aligned.to(torch.float32), al.transform
     del al, a, b  # (released before OUT is written and loaded again for the certificate)
     fmt, out = write_output(args.out, aligned, not args.no_stock, report, transform)
@@ -178,7 +184,7 @@ def _run(args: argparse.Namespace) -> int:
     drop_checkpoint(args, args.method)
     report["seconds"] = round(time.perf_counter() - t0, 3)
     report["format"] = fmt
-    write_json(out / REPORT, report)
+    write_report(out, report)
     ok = report["certificate"]["equal"]
     if args.json:
         emit_json(report)

@@ -5,33 +5,26 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-
-from glmc.api import read_token_counts
-from glmc.barrier import (
-    METHODS,
-    AlignOptions,
-    BarrierReport,
-    get_method,
-    lambda_grid,
-    prepare_barrier,
-    run_barrier,
-)
-from glmc.cli.common import add_allow_pickle, add_json, console, emit_json
+from glmc.cli.common import add_allow_pickle, add_json, emit_json
 from glmc.cli.main import add_command
-from glmc.cli.options import add_alignment_options, add_learned_options, learned_options
-from glmc.data import DATASETS, TOKENIZER_FILE, load_tokenizer
+from glmc.cli.options import (
+    add_alignment_options,
+    add_learned_options,
+    add_tokenizer,
+    learned_options,
+)
+from glmc.data.catalog import DATASETS
+from glmc.defaults import DEFAULT_IMAGE_BATCH, DEFAULT_TEXT_TOKENS, METHOD_NAMES, TEXT_LOGITS_BUDGET
 from glmc.errors import GlmcError
-from glmc.evaluate import DEFAULT_TEXT_TOKENS, resolve_device
-from glmc.io.folders import load_model
-from glmc.plots import check_plot_path, plot_barriers
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from glmc.barrier import BarrierReport
 
 DEFAULT_METHODS = ("none", "weight")
-#: Appended to a help text: hides argparse's "(default: None)" (renders as nothing).
-NO_DEFAULT = "%(default).0s"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,35 +37,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("a", help="model folder A (λ = 1, the reference)")
     p.add_argument("b", help="model folder B (λ = 0, aligned to A)")
     p.add_argument("--data", required=True,
-                   help="dataset name (shakespeare, mnist5k, digits, fashion-mnist) or a text "
-                   "file, .npz or IDX folder; text is encoded with the models' "
-                   "glmc_tokenizer.json" + NO_DEFAULT)
+                   help=f"dataset name ({', '.join(DATASETS)}) or a text file, .npz or IDX "
+                   "folder; text is encoded with the models' glmc_tokenizer.json")
     p.add_argument("--align", action="append", metavar="METHOD", dest="methods",
                    help="alignment method, repeatable (available: "
-                   f"{', '.join(METHODS)}; default: {' and '.join(DEFAULT_METHODS)})"
-                   + NO_DEFAULT)
+                   f"{', '.join(METHOD_NAMES)}; default: {' and '.join(DEFAULT_METHODS)})")
     p.add_argument("--points", type=int, default=11, help="λ grid size, evenly spaced in [0, 1]")
     p.add_argument("--split", choices=("train", "val", "test"), default="test",
                    help="the evaluated split")
     g = p.add_argument_group("evaluation")
     g.add_argument("--context", type=int, default=None,
-                   help="text window length (default: the model's n_positions)" + NO_DEFAULT)
+                   help="text window length (default: the model's n_positions)")
     g.add_argument("--batch-size", type=int, default=None,
-                   help="windows or images per batch (default: 250 images; for text as many "
-                   "windows as keep the logits under 2**25 floats, at most 64)" + NO_DEFAULT)
+                   help=f"windows or images per batch (default: {DEFAULT_IMAGE_BATCH} images; for "
+                   f"text as many windows as keep the logits under {TEXT_LOGITS_BUDGET:,} "
+                   "floats, at most 64)")
     g.add_argument("--max-batches", type=int, default=None,
                    help="evaluate at most this many batches, 0 for the whole split (default: "
-                   f"whole split for images, the first {DEFAULT_TEXT_TOKENS:,} tokens for text)"
-                   + NO_DEFAULT)
+                   f"whole split for images, the first {DEFAULT_TEXT_TOKENS:,} tokens for text)")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, or auto")
-    g.add_argument("--tokenizer", choices=("char", "gpt2"), default=None,
-                   help="tokenizer for text when the model folders hold no glmc_tokenizer.json "
-                   "(default: characters of the data file)" + NO_DEFAULT)
+    add_tokenizer(g)
     add_alignment_options(p, residual=False)
     add_learned_options(p)
     p.add_argument("--plot", metavar="FILE.png",
-                   help="write the curves of every method as a PNG" + NO_DEFAULT)
-    p.add_argument("--title", help="plot title (default: A, B, data and split)" + NO_DEFAULT)
+                   help="write the curves of every method as a PNG")
+    p.add_argument("--title", help="plot title (default: A, B, data and split)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing --plot FILE (without it, one is refused before "
+                   "any work)")
     add_json(p)
     add_allow_pickle(p)
     p.set_defaults(func=run)
@@ -86,6 +78,8 @@ def _fmt(x: float | None, percent: bool = False) -> str:
 
 def print_table(report: BarrierReport, out: Console) -> None:
     """Method, loss barrier, accuracy barrier, endpoint losses (and accuracies)."""
+    from rich.table import Table
+
     cls = report.is_classifier
     t = Table(title=f"{report.split} barriers, {len(report.lambdas)} points, "
                     f"{report.count:,} {'images' if cls else 'tokens'}")
@@ -113,13 +107,45 @@ def print_table(report: BarrierReport, out: Console) -> None:
     out.print(t)
 
 
+def tokenizer_warnings(args: argparse.Namespace, a: Any, b: Any, data: Any) -> list[str]:
+    """A named text dataset read with its own tokenizer, the folders holding none: the
+    vocabulary sizes agree (checked), but only training on that dataset makes the ids the
+    models'."""
+    from glmc.data import TOKENIZER_FILE, TextDataset
+
+    if (args.tokenizer is not None or not isinstance(data, TextDataset)
+            or any(TOKENIZER_FILE in m.canonical.files for m in (a, b))):
+        return []
+    return [f"{args.a} and {args.b} hold no {TOKENIZER_FILE}; {args.data} was encoded with "
+            f"its own {data.tokenizer.kind} tokenizer, whose size matches the models' "
+            "vocabulary: right only if they were trained on it"]
+
+
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from glmc.api import read_token_counts
+    from glmc.barrier import AlignOptions, get_method, lambda_grid, prepare_barrier, run_barrier
+    from glmc.cli.common import console
+    from glmc.evaluate import resolve_device
+    from glmc.io.folders import load_model
+    from glmc.io.outputs import SMALL_OUTPUT, check_output, output_errors
+    from glmc.plots import check_plot_path, plot_barriers
+
     methods = list(dict.fromkeys(args.methods or DEFAULT_METHODS))
     for name in methods:
         get_method(name)
     lambda_grid(args.points)
     if args.plot:
         check_plot_path(args.plot)
+        check_output(args.plot, SMALL_OUTPUT, force=args.force, option="--plot")
     for opt in ("batch_size", "context"):
         v = getattr(args, opt)
         if v is not None and v < 1:
@@ -130,11 +156,6 @@ def run(args: argparse.Namespace) -> int:
     counts = None
     if args.token_counts:
         counts = read_token_counts(args.token_counts, a.canonical.config.vocab_size)
-    if (a.canonical.config.task == "causal_lm" and args.tokenizer is None
-            and load_tokenizer(a.path) is None and load_tokenizer(b.path) is None
-            and args.data.lower() not in DATASETS):
-        console.print(f"note: {args.a} and {args.b} hold no {TOKENIZER_FILE}; {args.data} is "
-                      "encoded with its own sorted characters as token ids")
     # Every check on the data before any long work (run_barrier repeats them: cheap).
     _, _, data, _ = prepare_barrier(a, b, args.data, methods=methods, split=args.split,
                                     context=args.context, tokenizer=args.tokenizer,
@@ -159,11 +180,13 @@ def run(args: argparse.Namespace) -> int:
                              max_batches=args.max_batches, device=args.device, seed=args.seed,
                              options=options, progress=progress)
     report.data = str(args.data)
+    report.warnings[:0] = tokenizer_warnings(args, a, b, data)
     for w in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {w}")
     plot_path = None
     if args.plot:
-        plot_path = plot_barriers(report, args.plot, title=args.title)
+        with output_errors(args.plot):
+            plot_path = plot_barriers(report, args.plot, title=args.title)
     if args.json:
         out = report.to_json()
         out["plot"] = str(plot_path) if plot_path else None

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from glmc.cli.align import REPORT
 from glmc.cli.common import add_allow_pickle, add_json, add_out, emit_json
 from glmc.cli.main import add_command
-from glmc.io.atomic import atomic_dir
-from glmc.io.folders import check_replaceable, load_model, write_json, write_model
-from glmc.models.circuit import to_circuit
-from glmc.verify import canonical_logits, certify, folder_logits, random_inputs
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,16 +27,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_replaceable(args.out, args.force)
+    from glmc.io.folders import load_model, save_folder
+    from glmc.io.outputs import check_output, model_bytes, stored_params
+    from glmc.models.circuit import to_circuit
+    from glmc.verify import canonical_logits, certify, folder_logits, random_inputs
+
+    check_output(args.out, model_bytes(stored_params(args.model)), force=args.force)
     m = load_model(args.model, allow_pickle=args.allow_pickle)
     canon = m.canonical if args.attention == "heads" else to_circuit(m.canonical)
     x = random_inputs(canon.config)
     cert = certify(folder_logits(m), canonical_logits(canon), x)
-    with atomic_dir(args.out) as tmp:
-        fmt = write_model(tmp, canon, stock=args.stock)
-        report = {"command": "canonicalize", "model": str(args.model), "out": args.out,
-                  "format": fmt, "certificate": cert.to_json(), "n_params": canon.n_params()}
-        write_json(tmp / REPORT, report)  # (beside the weights, as align and merge do)
+    report = {"command": "canonicalize", "model": str(args.model), "out": args.out,
+              "certificate": cert.to_json(), "n_params": canon.n_params()}
+    fmt = report["format"] = save_folder(args.out, canon, stock=args.stock, report=report)
     if args.json:
         emit_json(report)
     else:

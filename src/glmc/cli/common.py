@@ -5,11 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
-console = Console(stderr=True)
+    console: Console  # rich's console on stderr, made on first use (see __getattr__)
+
+
+def __getattr__(name: str) -> Any:
+    """``console``, made when a command first uses it: importing rich slows down ``--help``."""
+    if name != "console":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from rich.console import Console
+
+    globals()["console"] = Console(stderr=True)
+    return globals()["console"]
 
 
 def add_json(p: argparse.ArgumentParser) -> None:
@@ -20,7 +31,8 @@ def add_out(p: argparse.ArgumentParser, help: str, **kwargs: Any) -> None:
     """-o/--out (a model folder, replaced atomically) and --force."""
     p.add_argument("-o", "--out", required=True, metavar="OUT", help=help, **kwargs)
     p.add_argument("--force", action="store_true",
-                   help="replace OUT even when it exists and glmc did not write it")
+                   help="replace an existing OUT (without it, an OUT that exists and is not "
+                   "empty is refused before any work)")
 
 
 def add_allow_pickle(p: argparse.ArgumentParser) -> None:

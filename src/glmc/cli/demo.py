@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rich.console import Console
-from rich.table import Table
-
-from glmc.cli.common import add_json, console, emit_json
+from glmc.cli.common import add_json, emit_json
 from glmc.cli.main import add_command
+from glmc.defaults import METHOD_NAMES
 from glmc.errors import GlmcError
+
+#: What the cache may grow by: four models, each with a checkpoint in flight (the full
+#: demo's models have about 0.6M parameters; --quick's about 30k).
+CACHE_BYTES = {True: 5_000_000, False: 50_000_000}
+#: Two plots, report.md and results.json.
+OUT_BYTES = 4_000_000
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from glmc.barrier import METHODS
-
     p = add_command(
         sub, "demo",
         "Train (or reuse from the cache) two character-level GPT-2s on Tiny Shakespeare and two "
@@ -26,10 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true",
                    help="tiny models and few steps: about a minute (for tests)")
     p.add_argument("-o", "--out", default="glmc-demo", help="output folder (plots, report)")
+    p.add_argument("--force", action="store_true",
+                   help="write into an existing non-empty output folder, replacing its report, "
+                   "results and plots (without it, one is refused before any work)")
     p.add_argument("--cache", default="glmc-cache",
                    help="trained models are kept here and reused by later runs")
     p.add_argument("--align", action="append", metavar="METHOD", dest="methods",
-                   help=f"alignment methods, repeatable (available: {', '.join(METHODS)}; "
+                   help=f"alignment methods, repeatable (available: {', '.join(METHOD_NAMES)}; "
                    "default: all)")
     p.add_argument("--points", type=int, default=11, help="λ grid size")
     p.add_argument("--learned-steps", type=int, default=None,
@@ -41,14 +46,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
     from glmc.barrier import get_method
+    from glmc.cli.common import console
     from glmc.demo import METHOD_TITLES, METHODS, endpoint_rows, run_demo, table_rows
+    from glmc.io.outputs import check_output
 
     methods = tuple(dict.fromkeys(args.methods or METHODS))
     for m in methods:
         get_method(m)
     if args.points < 2:
         raise GlmcError(f"--points must be at least 2, got {args.points}")
+    check_output(args.out, OUT_BYTES, force=args.force, into=True)
+    check_output(args.cache, CACHE_BYTES[args.quick], force=True, into=True,  # (reused)
+                 option="--cache")
 
     def note(msg: str) -> None:
         if not args.json:

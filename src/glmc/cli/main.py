@@ -7,13 +7,23 @@ import os
 import sys
 from collections.abc import Sequence
 
+from glmc._version import __version__
 from glmc.errors import GlmcError
 
 COMMANDS = ("demo", "train", "barrier", "align", "merge", "verify", "canonicalize")
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the epilog's line breaks (the example) and appends "(default: X)" to an option's
+    help only when X says something: not for None, a flag's False, or a suppressed default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or not action.option_strings or action.nargs == 0:
+            return text  # positionals, and flags (store_true/false: the default is the absence)
+        if action.default is None or action.default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `glmc COMMAND --help` for a command's options and an example.",
         formatter_class=HelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         module = importlib.import_module(f"glmc.cli.{name}")
@@ -40,12 +51,12 @@ def add_command(sub, name: str, help: str, example: str) -> argparse.ArgumentPar
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # (--help and --version exit here, without torch)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # (to print a command to rerun)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import transformers
 
     transformers.logging.set_verbosity_error()
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except GlmcError as e:

@@ -5,16 +5,11 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
-from glmc.api import interpolate, prepare_pair
-from glmc.cli.align import REPORT, drop_checkpoint, load_pair, run_alignment, write_output
+from glmc.cli.align import drop_checkpoint, load_pair, run_alignment, write_output
 from glmc.cli.common import add_allow_pickle, add_json, add_out, emit_json
 from glmc.cli.main import add_command
-from glmc.cli.options import add_alignment_options, add_learned_options
-from glmc.distributed import is_main, process_group
+from glmc.cli.options import add_alignment_options, add_learned_options, add_tokenizer
 from glmc.errors import GlmcError
-from glmc.io.folders import write_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--align", choices=("none", "weight", "learned"), default="weight",
                    help="how to align B to A before averaging")
     p.add_argument("--data", help="training data for --align learned (name or path)")
+    add_tokenizer(p)
     p.add_argument("--no-stock", action="store_true",
                    help="always write a glmc folder, even when the stock class could hold it")
     add_alignment_options(p)
@@ -40,11 +36,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from glmc.distributed import process_group
+
     with process_group():
         return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
+    import torch
+
+    from glmc.api import interpolate, prepare_pair, write_report
+    from glmc.distributed import is_main
+
     if not 0.0 <= args.alpha <= 1.0:
         raise GlmcError(f"--alpha must lie in [0, 1], got {args.alpha}")
     t0 = time.perf_counter()
@@ -71,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
     report["format"] = fmt
     drop_checkpoint(args, args.align)
     report["seconds"] = round(time.perf_counter() - t0, 3)
-    write_json(out / REPORT, report)
+    write_report(out, report)
     if args.json:
         emit_json(report)
     else:

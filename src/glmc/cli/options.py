@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from glmc.matching.learned import LearnedMatchingOptions
+from glmc.matching.options import LearnedMatchingOptions
 
 
 def add_alignment_options(p: argparse.ArgumentParser, residual: bool = True) -> None:
@@ -31,6 +31,14 @@ def add_alignment_options(p: argparse.ArgumentParser, residual: bool = True) -> 
                    "vocabulary rows of seen tokens count in the matching")
     g.add_argument("--seed", type=int, default=0,
                    help="seed of the image data split and of learned matching (data order, λ)")
+
+
+def add_tokenizer(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--tokenizer: how text is encoded when the model folders hold no glmc_tokenizer.json."""
+    p.add_argument("--tokenizer", choices=("char", "gpt2"), default=None,
+                   help="tokenizer for text data when the model folders hold no "
+                   "glmc_tokenizer.json (char: the text's sorted characters; gpt2: GPT-2's "
+                   "BPE); its vocabulary must be the model's")
 
 
 def add_learned_options(p: argparse.ArgumentParser) -> None:

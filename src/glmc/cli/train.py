@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
+import sys
 
 from glmc.cli.common import add_json, add_out, emit_json
 from glmc.cli.main import add_command
-from glmc.data import DATASETS
-from glmc.training import ARCHS, TrainConfig, train
+from glmc.data.catalog import DATASETS, PATH_HELP
+from glmc.training.options import ARCHS, TrainConfig
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 
@@ -26,8 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--arch", choices=ARCHS, required=True,
                    help="gpt2: GPT2LMHeadModel on text; vit: ViTForImageClassification on images")
     p.add_argument("--data", required=True, metavar="D",
-                   help=f"dataset name ({', '.join(DATASETS)}) or a path: a UTF-8 text file, "
-                   "a .npz of images and labels, or a folder of IDX files")
+                   help=f"dataset name ({', '.join(DATASETS)}) or a path: {PATH_HELP}")
     p.add_argument("--seed", type=int, default=d["seed"],
                    help="seed of initialisation, batch order and dropout")
     p.add_argument("--data-seed", type=int, default=d["data_seed"],
@@ -35,7 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "models you will compare")
     add_out(p, "output model folder")
     p.add_argument("--resume", action="store_true",
-                   help="continue from OUT's checkpoint (the options must match the run's)")
+                   help="continue from OUT's checkpoint (the options must match the run's); "
+                   "while a checkpoint exists, a run without --resume needs --force, which "
+                   "discards it")
 
     g = p.add_argument_group("model")
     g.add_argument("--n-layer", type=int, default=d["n_layer"], help="transformer blocks")
@@ -89,10 +92,30 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
 
 
+def resume_command(argv: list[str]) -> str:
+    """The command that resumes a run started with ``argv``: the same options plus --resume
+    (and without the test hook --stop-after), shell-quoted."""
+    words, skip = [], False
+    for word in argv:
+        if skip or word == "--stop-after" or word.startswith("--stop-after="):
+            skip = word == "--stop-after"
+            continue
+        words.append(word)
+    return shlex.join(["glmc", *words, *(["--resume"] if "--resume" not in words else [])])
+
+
 def run(args: argparse.Namespace) -> int:
+    from glmc.training.loop import TrainingStopped, train
+
     cfg = config_from_args(args)
-    record = train(cfg, args.out, resume=args.resume, progress=not args.json,
-                   stop_after=args.stop_after, force=args.force)
+    try:
+        record = train(cfg, args.out, resume=args.resume, progress=not args.json,
+                       stop_after=args.stop_after, force=args.force)
+    except TrainingStopped as stop:
+        how = "" if stop.checkpoint is None else \
+            f"; resume with: {resume_command(getattr(args, 'argv', sys.argv[1:]))}"
+        print(f"glmc train: {stop}{how}", file=sys.stderr)
+        return 130
     if args.json:
         emit_json(record)
         return 0

@@ -7,8 +7,6 @@ import argparse
 from glmc.cli.common import add_allow_pickle, add_json, emit_json
 from glmc.cli.main import add_command
 from glmc.errors import GlmcError
-from glmc.io.folders import load_model
-from glmc.verify import certify, folder_logits, random_inputs, same_interface
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from glmc.io.folders import load_model
+    from glmc.verify import certify, folder_logits, random_inputs, same_interface
+
     if args.batch < 1:
         raise GlmcError(f"--batch must be at least 1, got {args.batch}")
     a = load_model(args.a, allow_pickle=args.allow_pickle)

@@ -12,33 +12,18 @@ Both dataset kinds offer ``batches`` (endless random training batches) and ``eva
 (one ordered pass). Save a text dataset's tokenizer next to a model with :func:`save_tokenizer`.
 """
 
-from glmc.data.checks import check_images_fit, check_text_fits
-from glmc.data.images import ImageDataset
-from glmc.data.registry import DATASETS, Dataset, load_dataset
-from glmc.data.text import TextDataset
-from glmc.data.tokenizers import (
-    TOKENIZER_FILE,
-    CharTokenizer,
-    Gpt2Tokenizer,
-    Tokenizer,
-    load_tokenizer,
-    save_tokenizer,
-    tokenizer_from_json,
-)
+from glmc._lazy import lazy_exports
 
-__all__ = [
-    "DATASETS",
-    "TOKENIZER_FILE",
-    "CharTokenizer",
-    "Dataset",
-    "Gpt2Tokenizer",
-    "ImageDataset",
-    "TextDataset",
-    "Tokenizer",
-    "check_images_fit",
-    "check_text_fits",
-    "load_dataset",
-    "load_tokenizer",
-    "save_tokenizer",
-    "tokenizer_from_json",
-]
+# Loaded on first use: glmc.data.catalog (the names, for the command line) stays torch-free.
+_EXPORTS = {
+    "DATASETS": "glmc.data.catalog",
+    **dict.fromkeys(("Dataset", "load_dataset"), "glmc.data.registry"),
+    **dict.fromkeys(("check_images_fit", "check_text_fits"), "glmc.data.checks"),
+    "ImageDataset": "glmc.data.images",
+    "TextDataset": "glmc.data.text",
+    **dict.fromkeys(("TOKENIZER_FILE", "CharTokenizer", "Gpt2Tokenizer", "Tokenizer",
+                     "load_tokenizer", "save_tokenizer", "tokenizer_from_json"),
+                    "glmc.data.tokenizers"),
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

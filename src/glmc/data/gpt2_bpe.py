@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from glmc.data._files import package_dir
+from glmc.data._files import GPT2_INSTALL, package_dir
 from glmc.errors import GlmcError
 
 ENV_VAR = "GLMC_GPT2_TIKTOKEN"
@@ -21,9 +21,8 @@ R50K_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 END_OF_TEXT = "<|endoftext|>"
 END_OF_TEXT_ID = 50256
 HOW_TO_GET = (
-    "pip install tiktoken && pip download --no-deps --no-binary :all: openai-whisper "
-    "&& tar xzf openai_whisper-*.tar.gz, then set "
-    f"{ENV_VAR}=<that folder>/whisper/assets/gpt2.tiktoken"
+    f"{GPT2_INSTALL} (tiktoken, and openai-whisper, whose package holds "
+    f"whisper/assets/gpt2.tiktoken), or set {ENV_VAR} to a copy of that file"
 )
 
 
@@ -41,7 +40,7 @@ def find_gpt2_file() -> Path:
             raise GlmcError(f"{ENV_VAR}={configured} is not a file; to get it: {HOW_TO_GET}")
         return path
     try:
-        candidate = package_dir("whisper", "pip install openai-whisper") / "assets/gpt2.tiktoken"
+        candidate = package_dir("whisper", GPT2_INSTALL) / "assets/gpt2.tiktoken"
     except GlmcError:
         candidate = None
     if candidate is not None and candidate.is_file():

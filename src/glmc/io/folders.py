@@ -17,13 +17,19 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from glmc.errors import GlmcError
-from glmc.io.atomic import atomic_path
+from glmc.io.atomic import atomic_dir, atomic_path
+from glmc.io.outputs import output_errors
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.importers import Importer, NotRepresentable, importer_for
 from glmc.models.model import CanonicalModel
 
 GLMC_FORMAT = 1
 StateDict = dict[str, torch.Tensor]
+#: The report and the transform written beside an output model's weights.
+REPORT = "glmc_report.json"
+TRANSFORM = "transform.safetensors"
+#: Files a model needs beyond its weights, carried from the input folders to the outputs.
+SIDE_FILES = ("glmc_tokenizer.json", "generation_config.json")
 
 
 @dataclass
@@ -144,7 +150,7 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
                      _meta_shapes(lambda: CanonicalTransformer(cfg)))
         _check_finite(folder, state)
         state = {k: v.to(dtype) for k, v in state.items()}
-        return LoadedModel(folder, CanonicalModel(cfg, state))
+        return LoadedModel(folder, CanonicalModel(cfg, state, read_side_files(folder)))
     model_type = raw.get("model_type")
     if model_type is None:
         raise GlmcError(f"{cfg_path}: no 'model_type' (not a transformers or glmc config)")
@@ -158,8 +164,21 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
     check_shapes(folder, state, expected, optional=importer.optional_keys(hf_config))
     _check_finite(folder, state)
     state = {k: v.to(dtype) for k, v in state.items()}
-    canonical = importer.to_canonical(hf_config, state)
+    canonical = importer.to_canonical(hf_config, state).with_files(read_side_files(folder))
     return LoadedModel(folder, canonical, importer, hf_config, state)
+
+
+def read_side_files(folder: Path) -> dict[str, str]:
+    """The tokenizer and generation config beside a model's weights (those present)."""
+    files = {}
+    for name in SIDE_FILES:
+        path = folder / name
+        if path.is_file():
+            try:
+                files[name] = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise GlmcError(f"{path}: cannot read ({e})") from None
+    return files
 
 
 # -- writing ------------------------------------------------------------------------------
@@ -181,10 +200,13 @@ def write_stock(folder: Path, importer: Importer, model: CanonicalModel) -> None
 
 
 def write_model(folder: Path, model: CanonicalModel, stock: bool = True) -> str:
-    """Write ``model`` into an existing (temporary) folder: stock when representable.
+    """Write ``model`` into an existing (temporary) folder: stock when representable, with
+    the files it carries (tokenizer, generation config).
 
     Returns the format written, "hf" or "glmc", and why not stock in the second case.
     """
+    for name, text in model.files.items():
+        (folder / name).write_text(text, encoding="utf-8")
     arch = model.config.source.get("arch")
     if stock and arch:
         try:
@@ -198,32 +220,20 @@ def write_model(folder: Path, model: CanonicalModel, stock: bool = True) -> str:
     return f"glmc ({reason})"
 
 
-#: Files by which glmc recognises a folder it wrote (a report, a training record).
-GLMC_OUTPUT_FILES = ("glmc_report.json", "glmc_train.json")
+def save_folder(out: str | Path, model: CanonicalModel, *, stock: bool = True,
+                report: dict | None = None, transform: Any = None) -> str:
+    """Write ``out`` atomically: the model (see :func:`write_model`), the transform when
+    given, and ``glmc_report.json`` (``report`` plus the format written).
 
-
-def check_replaceable(out: str | Path, force: bool = False) -> None:
-    """Refuse, before any work, an OUT that glmc would replace but did not write itself.
-
-    Missing, empty, or glmc's own output (a report, a training record, a glmc folder): fine.
-    Anything else (someone's checkpoint, a file) needs ``force``.
+    Returns the format written (see :func:`write_model`). A failed write (disk full) is a
+    GlmcError and leaves any earlier ``out`` as it was.
     """
-    path = Path(out)
-    if not path.exists() or force:
-        return
-    if not path.is_dir():
-        raise GlmcError(f"{out}: exists and is not a folder (pass --force to replace it)")
-    if not any(path.iterdir()) or any((path / f).exists() for f in GLMC_OUTPUT_FILES):
-        return
-    cfg = path / "config.json"
-    if cfg.exists():
-        try:
-            if "glmc_format" in json.loads(cfg.read_text()):
-                return
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            pass
-    raise GlmcError(f"{out}: exists and was not written by glmc; the output would replace it "
-                    "(pass --force to allow that, or choose another -o)")
+    with output_errors(out), atomic_dir(out) as tmp:
+        fmt = write_model(tmp, model, stock=stock)
+        if transform is not None:
+            transform.save(tmp / TRANSFORM)
+        write_json(tmp / REPORT, {"format": fmt, **(report or {})})
+    return fmt
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -36,4 +36,4 @@ def to_circuit(model: CanonicalModel) -> CanonicalModel:
         state[f"{a}.qk.bias"] = (k.mT @ qb[..., None])[..., 0]  # (H, d)
         state[f"{a}.ov.weight"] = o @ v  # (H, d_out, d_in)
         state[f"{a}.o.bias"] = s[f"{a}.o.bias"] + s[f"{a}.o.weight"] @ vb
-    return CanonicalModel(cfg.replace(attention="circuit"), state)
+    return CanonicalModel(cfg.replace(attention="circuit"), state, model.files)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -16,8 +16,15 @@ from glmc.symmetry.transform import StateDict, Transform
 
 @dataclass
 class CanonicalModel:
+    """A canonical config, its state dict, and the files that travel with the model.
+
+    ``files`` (name -> text: ``glmc_tokenizer.json``, ``generation_config.json``) are read
+    beside the weights, kept by every rewrite and written into every output folder.
+    """
+
     config: CanonicalConfig
     state: StateDict
+    files: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @cached_property
     def spec(self) -> SymmetrySpec:
@@ -30,7 +37,11 @@ class CanonicalModel:
         return build(self.config, state)
 
     def with_state(self, state: StateDict) -> CanonicalModel:
-        return CanonicalModel(self.config, state)
+        return CanonicalModel(self.config, state, self.files)
+
+    def with_files(self, files: dict[str, str]) -> CanonicalModel:
+        """The same model carrying ``files`` as well (they win over its own of that name)."""
+        return CanonicalModel(self.config, self.state, {**self.files, **files})
 
     def transformed(self, transform: Transform) -> CanonicalModel:
         return self.with_state(transform.apply(self.spec, self.state))

@@ -6,30 +6,15 @@
 >>> record["log"]["test"]                      # {"loss": ..., "accuracy": ...}
 """
 
-from glmc.training.checkpoint import checkpoint_dir, checkpoint_path
-from glmc.training.config import ARCHS, TrainConfig, hf_config, load_training_data
-from glmc.training.loop import (
-    TRAIN_FILE,
-    TrainingStopped,
-    build_model,
-    evaluate,
-    logits_of,
-    lr_factor,
-    train,
-)
+from glmc._lazy import lazy_exports
 
-__all__ = [
-    "ARCHS",
-    "TRAIN_FILE",
-    "TrainConfig",
-    "TrainingStopped",
-    "build_model",
-    "checkpoint_dir",
-    "checkpoint_path",
-    "evaluate",
-    "hf_config",
-    "load_training_data",
-    "logits_of",
-    "lr_factor",
-    "train",
-]
+# Loaded on first use: glmc.training.options (TrainConfig, for the command line) stays torch-free.
+_EXPORTS = {
+    **dict.fromkeys(("ARCHS", "TrainConfig"), "glmc.training.options"),
+    **dict.fromkeys(("checkpoint_dir", "checkpoint_path"), "glmc.training.checkpoint"),
+    **dict.fromkeys(("hf_config", "load_training_data"), "glmc.training.config"),
+    **dict.fromkeys(("TRAIN_FILE", "TrainingStopped", "build_model", "evaluate", "logits_of",
+                     "lr_factor", "train"), "glmc.training.loop"),
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

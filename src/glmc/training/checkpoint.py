@@ -64,6 +64,15 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return payload
 
 
+def checkpoint_step(path: Path) -> int | None:
+    """The step a checkpoint holds, read cheaply (memory-mapped); None if it is unreadable."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(payload["step"])
+    except Exception:  # noqa: BLE001 - any failure: the step is unknown
+        return None
+
+
 def remove_checkpoint(out: str | Path) -> None:
     """Delete ``out``'s checkpoint folder if there is one."""
     shutil.rmtree(checkpoint_dir(out), ignore_errors=True)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from importlib import metadata
@@ -44,9 +46,16 @@ from transformers import (
 from glmc.data import Dataset, TextDataset, save_tokenizer
 from glmc.errors import GlmcError
 from glmc.io.atomic import atomic_dir, atomic_path
-from glmc.io.folders import check_replaceable
+from glmc.io.outputs import (
+    BYTES_PER_PARAM,
+    check_free_space,
+    check_output,
+    model_bytes,
+    output_errors,
+)
 from glmc.training.checkpoint import (
     checkpoint_path,
+    checkpoint_step,
     load_checkpoint,
     remove_checkpoint,
     save_checkpoint,
@@ -66,7 +75,15 @@ StepCallback = Callable[[int, float], None]
 
 
 class TrainingStopped(KeyboardInterrupt):
-    """Raised right after step ``stop_after`` (and its checkpoint) to simulate a killed run."""
+    """A run stopped before its end (Ctrl-C, or ``stop_after`` in tests).
+
+    ``step``: the step the checkpoint ``checkpoint`` holds (both None: none was written).
+    """
+
+    def __init__(self, message: str, step: int | None = None,
+                 checkpoint: Path | None = None) -> None:
+        super().__init__(message)
+        self.step, self.checkpoint = step, checkpoint
 
 
 # -- model, optimiser, schedule -----------------------------------------------------------------
@@ -212,27 +229,42 @@ def train(
     ``from_pretrained``), ``glmc_tokenizer.json`` for text, and ``glmc_train.json`` (the record
     returned here: config, data summary, model size, and the log of train/val losses, final test
     metrics and timings). While training, checkpoints go to ``.<name>.ckpt/`` beside
-    ``out_dir``; they are removed once ``out_dir`` is complete.
+    ``out_dir``; they are removed once ``out_dir`` is complete. Ctrl-C (SIGINT) is held until
+    the step under way completes; then that step is checkpointed and :class:`TrainingStopped`
+    says where (a second Ctrl-C stops at once, and the last checkpoint stands).
 
     Args:
         cfg: the run.
-        out_dir: the output model folder (replaced atomically at the end if it exists).
+        out_dir: the output model folder; an existing non-empty one needs ``force``.
         resume: continue from ``out_dir``'s checkpoint (same config required); with no
             checkpoint, return the finished run's record if ``out_dir`` holds this run, else
-            start from step 0.
-        progress: show a rich progress bar on stderr (nothing is printed when False).
+            start from step 0. A resume is announced on stderr.
+        progress: show a rich progress bar on stderr.
         on_step: called as ``on_step(step, train_loss)`` after every step (and its checkpoint).
-        force: replace ``out_dir`` even when it exists and glmc did not write it.
-        stop_after: raise :class:`TrainingStopped` right after this step (tests, to simulate a
-            kill).
+        stop_after: stop as Ctrl-C would, right after this step (tests).
+        force: replace an existing ``out_dir``, and without ``resume`` discard a checkpoint
+            (which is otherwise refused, lest a rerun silently throw it away).
 
     Raises:
-        GlmcError: bad options, unsuitable data, a mismatched checkpoint, or a diverged run; all
-            data and checkpoint checks happen before the first step.
+        GlmcError: bad options, an occupied or unwritable output, unsuitable data, a
+            mismatched checkpoint, or a diverged run; every check happens before the first
+            step.
+        TrainingStopped: the run was interrupted (see above).
     """
     cfg.validate()
     out = Path(out_dir).expanduser().absolute()  # "-o ." must still name a folder
-    check_replaceable(out, force)
+    ckpt = checkpoint_path(out)
+    if resume and not ckpt.is_file():
+        done = _finished_record(out, cfg)
+        if done is not None:
+            _notice(f"{out} already holds this finished run; nothing to resume")
+            return done
+    elif ckpt.is_file() and not resume and not force:
+        step = checkpoint_step(ckpt)
+        raise GlmcError(f"there is a checkpoint at step {'?' if step is None else step} at "
+                        f"{ckpt}; pass --resume to continue it, or --force to start over and "
+                        "discard it")
+    check_output(out, force=force)
     device = torch.device(cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise GlmcError("--device cuda requested but CUDA is not available")
@@ -251,115 +283,191 @@ def _run(
     cfg: TrainConfig, out: Path, device: torch.device, resume: bool, progress: bool,
     on_step: StepCallback | None, stop_after: int | None,
 ) -> dict[str, Any]:
-    say = _notice if progress else (lambda msg: None)
     ds = load_training_data(cfg)
     hf = hf_config(cfg, ds)
+    check_free_space(out, _output_bytes(hf), out)
     summary = data_summary(ds)
     ckpt_file = checkpoint_path(out)
     state = None
-    if resume:
-        if ckpt_file.is_file():
-            state = load_checkpoint(ckpt_file)
-            _check_resumable(state, cfg, ds, summary, ckpt_file)
-        else:
-            done = _finished_record(out, cfg)
-            if done is not None:
-                say(f"{out} already holds this finished run; nothing to resume")
-                return done
-            say(f"no checkpoint at {ckpt_file}; starting from step 0")
+    if resume and ckpt_file.is_file():
+        state = load_checkpoint(ckpt_file)
+        _check_resumable(state, cfg, ds, summary, ckpt_file)
     else:
-        remove_checkpoint(out)  # a stale checkpoint of another run must never be resumed
-
-    torch.manual_seed(cfg.seed)
-    model = build_model(hf).to(device)
-    model.train()
-    opt, sched = make_optimizer(model, cfg)
-    stream = BatchStream(ds, cfg, torch.Generator().manual_seed(cfg.seed))
-    log: dict[str, Any] = {
-        "steps": 0, "train": [], "val": [], "test": None, "resumed_at": [],
-        "wall_time_s": 0.0, "step_time_s": 0.0, "steps_per_s": None,
-    }
-    step, pending = 0, []
+        if resume:
+            _notice(f"no checkpoint at {ckpt_file}; starting from step 0")
+        remove_checkpoint(out)  # (with --force: start over; the old run is discarded)
+    run = _Session(cfg, hf, ds, device, ckpt_file, summary)
     if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        stream.load_state_dict(state["stream"])
-        torch.set_rng_state(state["torch_rng"])
-        if device.type == "cuda" and "cuda_rng" in state:
-            torch.cuda.set_rng_state(state["cuda_rng"], device)
-        log, step, pending = state["log"], int(state["step"]), list(state["pending"])
-        log["resumed_at"].append(step)
-        say(f"resuming {out} from step {step}")
-
-    base_wall, started = log["wall_time_s"], time.perf_counter()
-
-    def checkpoint() -> None:
-        log["wall_time_s"] = base_wall + time.perf_counter() - started
-        payload = {
-            "config": json.dumps(cfg.to_json()), "data": json.dumps(summary),
-            "hf_config": hf.to_json_string(use_diff=False), "log": json.dumps(log), "step": step,
-            "pending": pending, "model": model.state_dict(), "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(), "stream": stream.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-        }
-        if device.type == "cuda":
-            payload["cuda_rng"] = torch.cuda.get_rng_state(device)
-        save_checkpoint(ckpt_file, payload)
-
-    with _ProgressBar(progress, cfg.steps, step, log) as bar:
-        while step < cfg.steps:
-            t0 = time.perf_counter()
-            x, y = stream.next()
-            x, y = x.to(device), y.to(device)
-            logits = logits_of(model, x)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            lr = opt.param_groups[0]["lr"]
-            opt.step()
-            sched.step()
-            step += 1
-            value = loss.item()
-            log["step_time_s"] += time.perf_counter() - t0
-            if not math.isfinite(value):
-                raise GlmcError(f"training diverged: loss {value} at step {step} (lower --lr "
-                                "or raise --warmup)")
-            pending.append(value)
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                log["train"].append({"step": step, "loss": sum(pending) / len(pending),
-                                     "lr": lr})
-                pending = []
-            if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
-                log["val"].append({"step": step, **evaluate(model, ds, cfg, "val",
-                                                            cfg.eval_batches)})
-            log["steps"] = step
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-                checkpoint()
-            bar.update(step, value, log)
-            if on_step is not None:
-                on_step(step, value)
-            if stop_after is not None and step >= stop_after:
-                raise TrainingStopped(f"stopped after step {step}")
-
-    log["test"] = evaluate(model, ds, cfg, "test")
-    log["wall_time_s"] = base_wall + time.perf_counter() - started
-    log["steps_per_s"] = step / log["step_time_s"] if log["step_time_s"] > 0 else None
-    log["threads"], log["device"] = cfg.num_threads, str(device)  # of the last segment
-    record = _record(cfg, summary, model, log)
-    with atomic_dir(out) as tmp:
-        with _hf_progress_bars(False):
-            # save_original_format=False: keep transformers 5 tensor names (vit.layers.N...),
-            # which glmc's importers read, rather than the legacy hub names.
-            model.to("cpu").save_pretrained(str(tmp), save_original_format=False)
-        if isinstance(ds, TextDataset):
-            save_tokenizer(tmp, ds.tokenizer)
-        with atomic_path(tmp / TRAIN_FILE) as f:
-            f.write_text(json.dumps(record, indent=2) + "\n")
+        run.restore(state)
+        _notice(f"resuming {out} from step {run.step}")
+    try:
+        with _ProgressBar(progress, cfg.steps, run.step, run.log) as bar, _HeldInterrupt() as sig:
+            while run.step < cfg.steps:
+                value = run.advance()
+                bar.update(run.step, value, run.log)
+                if on_step is not None:
+                    on_step(run.step, value)
+                if sig.requested or (stop_after is not None and run.step >= stop_after):
+                    raise KeyboardInterrupt
+        record = run.finish(out)
+    except KeyboardInterrupt:
+        raise run.stopped() from None
     remove_checkpoint(out)
     return record
+
+
+def _output_bytes(hf: PretrainedConfig) -> int:
+    """The model folder, and a checkpoint (weights + AdamW's two moments) in flight."""
+    with torch.device("meta"):
+        n = sum(p.numel() for p in build_model(hf).parameters())
+    return model_bytes(n) + 3 * BYTES_PER_PARAM * n
+
+
+class _Session:
+    """One run's state (model, optimiser, schedule, data stream, log) and its checkpoints."""
+
+    def __init__(self, cfg: TrainConfig, hf: PretrainedConfig, ds: Dataset,
+                 device: torch.device, ckpt_file: Path, summary: dict[str, Any]) -> None:
+        self.cfg, self.hf, self.ds, self.device = cfg, hf, ds, device
+        self.ckpt_file, self.summary = ckpt_file, summary
+        torch.manual_seed(cfg.seed)
+        self.model = build_model(hf).to(device)
+        self.model.train()
+        self.opt, self.sched = make_optimizer(self.model, cfg)
+        self.stream = BatchStream(ds, cfg, torch.Generator().manual_seed(cfg.seed))
+        self.log: dict[str, Any] = {
+            "steps": 0, "train": [], "val": [], "test": None, "resumed_at": [],
+            "wall_time_s": 0.0, "step_time_s": 0.0, "steps_per_s": None,
+        }
+        self.step, self.pending = 0, []
+        self.saved: int | None = None  # the step the checkpoint on disk holds
+        self.in_step = False  # True while the state is between two steps (inconsistent)
+        self.base_wall, self.started = 0.0, time.perf_counter()
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint (see :func:`load_checkpoint`)."""
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.stream.load_state_dict(state["stream"])
+        torch.set_rng_state(state["torch_rng"])
+        if self.device.type == "cuda" and "cuda_rng" in state:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+        self.log, self.step = state["log"], int(state["step"])
+        self.pending, self.saved = list(state["pending"]), self.step
+        self.log["resumed_at"].append(self.step)
+        self.base_wall, self.started = self.log["wall_time_s"], time.perf_counter()
+
+    def checkpoint(self) -> None:
+        """Write everything the next step depends on (atomically)."""
+        self.log["wall_time_s"] = self.base_wall + time.perf_counter() - self.started
+        payload = {
+            "config": json.dumps(self.cfg.to_json()), "data": json.dumps(self.summary),
+            "hf_config": self.hf.to_json_string(use_diff=False), "log": json.dumps(self.log),
+            "step": self.step, "pending": self.pending, "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+            "stream": self.stream.state_dict(), "torch_rng": torch.get_rng_state(),
+        }
+        if self.device.type == "cuda":
+            payload["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        with output_errors(self.ckpt_file):
+            save_checkpoint(self.ckpt_file, payload)
+        self.saved = self.step
+
+    def advance(self) -> float:
+        """One optimiser step with its logging, validation and periodic checkpoint; returns
+        the training loss."""
+        cfg, log = self.cfg, self.log
+        self.in_step = True
+        t0 = time.perf_counter()
+        x, y = self.stream.next()
+        x, y = x.to(self.device), y.to(self.device)
+        logits = logits_of(self.model, x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        lr = self.opt.param_groups[0]["lr"]
+        self.opt.step()
+        self.sched.step()
+        self.step += 1
+        step, value = self.step, loss.item()
+        log["step_time_s"] += time.perf_counter() - t0
+        if not math.isfinite(value):
+            raise GlmcError(f"training diverged: loss {value} at step {step} (lower --lr "
+                            "or raise --warmup)")
+        self.pending.append(value)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            log["train"].append({"step": step, "loss": sum(self.pending) / len(self.pending),
+                                 "lr": lr})
+            self.pending = []
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+            log["val"].append({"step": step, **evaluate(self.model, self.ds, cfg, "val",
+                                                        cfg.eval_batches)})
+        log["steps"] = step
+        self.in_step = False
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+            self.checkpoint()
+        return value
+
+    def finish(self, out: Path) -> dict[str, Any]:
+        """Test, and write the model folder with its tokenizer and record; the record."""
+        cfg, log, ds = self.cfg, self.log, self.ds
+        log["test"] = evaluate(self.model, ds, cfg, "test")
+        log["wall_time_s"] = self.base_wall + time.perf_counter() - self.started
+        log["steps_per_s"] = self.step / log["step_time_s"] if log["step_time_s"] > 0 else None
+        log["threads"], log["device"] = cfg.num_threads, str(self.device)  # of the last segment
+        record = _record(cfg, self.summary, self.model, log)
+        with output_errors(out), atomic_dir(out) as tmp:
+            with _hf_progress_bars(False):
+                # save_original_format=False: keep transformers 5 tensor names (vit.layers.N...),
+                # which glmc's importers read, rather than the legacy hub names.
+                self.model.to("cpu").save_pretrained(str(tmp), save_original_format=False)
+            if isinstance(ds, TextDataset):
+                save_tokenizer(tmp, ds.tokenizer)
+            with atomic_path(tmp / TRAIN_FILE) as f:
+                f.write_text(json.dumps(record, indent=2) + "\n")
+        return record
+
+    def stopped(self) -> TrainingStopped:
+        """The run stops: checkpoint the last completed step (unless the interrupt came in
+        the middle of one, or it is saved already) and say which step the checkpoint holds."""
+        if not self.in_step and self.saved != self.step:
+            self.checkpoint()
+        total, file = self.cfg.steps, self.ckpt_file
+        if self.saved is None:
+            return TrainingStopped(f"interrupted during step {self.step + 1} of {total}; no "
+                                   "checkpoint was written")
+        where = (f"after step {self.step} of {total}; checkpoint at {file}"
+                 if self.saved == self.step else
+                 f"during step {self.step + 1} of {total}; the checkpoint at {file} holds step "
+                 f"{self.saved}")
+        return TrainingStopped(f"interrupted {where}", self.saved, file)
+
+
+class _HeldInterrupt(contextlib.AbstractContextManager):
+    """Hold a Ctrl-C (SIGINT) until the step under way completes (``requested``); a second
+    one interrupts at once. Only in the main thread, and only over Python's default handler."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _HeldInterrupt:
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -375,6 +483,9 @@ def _hf_progress_bars(enabled: bool) -> Iterator[None]:
         yield
     finally:
         (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
+
+
+_START_OVER = "pass --force without --resume to start over, discarding the checkpoint"
 
 
 def _notice(msg: str) -> None:
@@ -393,14 +504,14 @@ def _check_resumable(
     old = TrainConfig.from_json(state["config"], str(where)).identity()
     if old != cfg.identity():
         raise GlmcError(f"cannot resume: {where} was made with {_differences(old, cfg.identity())}"
-                        "; drop --resume to start over")
+                        f"; {_START_OVER}")
     old_hf = state["hf_config"]
     hf_class = GPT2Config if old_hf.get("model_type") == "gpt2" else ViTConfig
     check_fits(hf_class.from_dict(old_hf), ds, cfg)
     if state["data"] != summary:
         diff = [k for k in summary if state["data"].get(k) != summary[k]]
         raise GlmcError(f"cannot resume: the data '{cfg.data}' differ from those of {where} "
-                        f"({', '.join(diff)} changed); drop --resume to start over")
+                        f"({', '.join(diff)} changed); {_START_OVER}")
 
 
 def _finished_record(out: Path, cfg: TrainConfig) -> dict[str, Any] | None:
@@ -415,7 +526,8 @@ def _finished_record(out: Path, cfg: TrainConfig) -> dict[str, Any] | None:
         raise GlmcError(f"{path}: not a glmc training record ({e})") from None
     if old != cfg.identity():
         raise GlmcError(f"cannot resume: {out} holds a finished run with "
-                        f"{_differences(old, cfg.identity())}; drop --resume to retrain")
+                        f"{_differences(old, cfg.identity())}; choose another -o, or pass "
+                        "--force without --resume to replace it")
     return record
 
 

@@ -1,0 +1,152 @@
+"""Output locations, checked before any work: nothing a user made is replaced without --force.
+
+Every command that writes (train, align, merge, canonicalize, barrier --plot, demo) calls
+:func:`check_output` before it loads or computes anything, so that an existing result, a
+read-only or full disk, or a path under a file is one clear error up front rather than a
+traceback after the work. :func:`output_errors` turns what can still fail while writing (a
+disk that filled up meanwhile) into the same kind of one-line error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import struct
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from glmc.errors import GlmcError
+
+#: Bytes per stored parameter (float32) and the allowance for configs, reports and headers.
+BYTES_PER_PARAM = 4
+FOLDER_OVERHEAD = 1.1
+#: What a report, a plot or a small JSON file may take.
+SMALL_OUTPUT = 1 << 20
+
+
+def model_bytes(n_params: int) -> int:
+    """Estimated size of a model folder of ``n_params`` float32 parameters."""
+    return int(n_params * BYTES_PER_PARAM * FOLDER_OVERHEAD)
+
+
+def check_output(path: str | Path, need_bytes: int = 0, *, force: bool = False,
+                 option: str = "-o", into: bool = False, force_flag: str = "--force") -> Path:
+    """Refuse, before any work, an output location that cannot take the output.
+
+    Args:
+        path: the output file or folder.
+        need_bytes: the estimated size of the output (checked against the free space).
+        force: an existing non-empty ``path`` may be replaced (or, with ``into``, written
+            into); without it that is an error naming ``option``.
+        option, force_flag: what names ``path`` and what allows the replacement (command-line
+            options, or Python arguments), for the message.
+        into: the output is written inside the folder ``path`` (a report folder, a cache);
+            otherwise it replaces ``path`` atomically, from beside it.
+
+    Returns:
+        ``path`` made absolute.
+
+    Raises:
+        GlmcError: ``path`` holds something and ``force`` is off; a file stands where a
+            folder is needed; the location is not writable; or the disk lacks the space.
+    """
+    p = Path(path).expanduser().absolute()
+    if not force and _occupied(p):
+        raise GlmcError(f"{path}: exists and is not empty; pass {force_flag} to replace it, "
+                        f"or choose another {option}")
+    if into and p.exists() and not p.is_dir():
+        raise GlmcError(f"{path}: is a file, not a folder (choose another {option})")
+    where = p if into and p.is_dir() else _existing_folder(p.parent, path)
+    _probe_writable(where, path)
+    check_free_space(where, need_bytes, path)
+    return p
+
+
+def check_free_space(where: str | Path, need_bytes: int, path: str | Path | None = None) -> None:
+    """Raise GlmcError unless the file system of ``where`` has ``need_bytes`` free."""
+    if need_bytes <= 0:
+        return
+    folder = _existing_folder(Path(where).expanduser().absolute(), path or where)
+    free = shutil.disk_usage(folder).free
+    if free < need_bytes:
+        raise GlmcError(f"{path or where}: the output needs about {_size(need_bytes)}, but "
+                        f"{folder} has {_size(free)} free")
+
+
+@contextlib.contextmanager
+def output_errors(path: str | Path) -> Iterator[None]:
+    """Turn an OSError while writing ``path`` (disk full, permission) into one GlmcError."""
+    try:
+        yield
+    except OSError as e:
+        raise GlmcError(f"{path}: cannot write the output ({e.strerror or e})") from None
+
+
+def stored_params(folder: str | Path) -> int:
+    """Parameters stored in a model folder, from the safetensors headers alone (no loading).
+
+    0 when the folder cannot be read this way (loading it reports the real problem).
+    """
+    folder = Path(folder)
+    files = [folder / "model.safetensors"]
+    index = folder / "model.safetensors.index.json"
+    try:
+        if not files[0].is_file() and index.is_file():
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+            files = [folder / f for f in sorted(set(weight_map.values()))]
+        if not files[0].is_file() and (folder / "pytorch_model.bin").is_file():
+            return (folder / "pytorch_model.bin").stat().st_size // BYTES_PER_PARAM
+        return sum(_safetensors_params(f) for f in files)
+    except (OSError, ValueError, TypeError, AttributeError, struct.error):
+        return 0
+
+
+def _safetensors_params(path: Path) -> int:
+    with path.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(min(length, 100 << 20)))
+    return sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+
+
+def _occupied(p: Path) -> bool:
+    """Something a user may have made is at ``p``: a folder with entries, a non-empty file."""
+    if p.is_dir() and not p.is_symlink():
+        return any(p.iterdir())
+    if p.is_symlink():
+        return True
+    return p.exists() and p.stat().st_size > 0
+
+
+def _existing_folder(p: Path, path: str | Path) -> Path:
+    """The nearest existing ancestor of ``p`` (``p`` included), which must be a folder."""
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        raise GlmcError(f"{path}: cannot be created, {p} is a file and not a folder")
+    return p
+
+
+def _probe_writable(folder: Path, path: str | Path) -> None:
+    """Create and remove a temporary file in ``folder`` (works as root and on read-only
+    mounts alike, where permission bits alone would mislead)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".glmc-probe-", dir=folder)
+    except OSError as e:
+        raise GlmcError(f"{path}: cannot write in {folder} ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _size(n: int) -> str:
+    """``n`` bytes for people (decimal units)."""
+    if n < 1000:
+        return f"{n} bytes"
+    for unit in ("KB", "MB", "GB", "TB"):
+        n /= 1000
+        if n < 1000 or unit == "TB":
+            break
+    return f"{n:.1f} {unit}"
