@@ -7,3 +7,16 @@ class GlmcError(Exception):
     The message must name the file, tensor and shape involved; the CLI prints it without a
     traceback.
     """
+
+
+def reason(error: BaseException) -> str:
+    """Why a library failed on a user's file, in one line: the exception's type and the first
+    sentence of its message (torch.load's run to a dozen lines of advice; for weights-only
+    loading the reason comes last)."""
+    text = str(error)
+    _, found, unpickler = text.partition("WeightsUnpickler error:")
+    lines = [line.strip() for line in (unpickler if found else text).splitlines()]
+    first = next((line for line in lines if line), "")
+    if len(first) > 160 and ". " in first:
+        first = first.split(". ", 1)[0] + "."
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__

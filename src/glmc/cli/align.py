@@ -13,9 +13,9 @@ from glmc.cli.options import (
     add_alignment_options,
     add_learned_options,
     add_tokenizer,
+    check_at_least,
     learned_options,
 )
-from glmc.errors import GlmcError
 
 if TYPE_CHECKING:  # (torch and the library load when a command runs: --help stays fast)
     import torch
@@ -33,13 +33,9 @@ def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel]:
     from glmc.io.outputs import check_output, model_bytes, stored_params
     from glmc.verify import same_interface
 
-    out = Path(args.out).resolve()
-    for name in (args.a, args.b):
-        if Path(name).resolve() == out:
-            raise GlmcError(f"{args.out}: the output folder would replace input {name}")
-    check_output(args.out, model_bytes(stored_params(args.b)), force=args.force)
-    if args.iters < 1:
-        raise GlmcError(f"--iters must be at least 1, got {args.iters}")
+    check_output(args.out, model_bytes(stored_params(args.b)), force=args.force,
+                 inputs=(args.a, args.b))
+    check_at_least(args, iters=1)
     a = load_model(args.a, allow_pickle=args.allow_pickle)
     a.stock_state = None  # (A is needed in canonical form only)
     b = load_model(args.b, allow_pickle=args.allow_pickle)
@@ -67,7 +63,8 @@ def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel,
     if args.token_counts:
         counts = read_token_counts(args.token_counts, a.canonical.config.vocab_size)
     learned = learned_options(args, args.out) if method == "learned" else None
-    quiet = getattr(args, "json", False) or not is_main()
+    # (off a terminal a transient bar shows nothing, and leaves a blank line on stderr)
+    quiet = getattr(args, "json", False) or not is_main() or not console.is_terminal
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True, disable=quiet) as bar:

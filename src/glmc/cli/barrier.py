@@ -13,11 +13,11 @@ from glmc.cli.options import (
     add_alignment_options,
     add_learned_options,
     add_tokenizer,
+    check_at_least,
     learned_options,
 )
 from glmc.data.catalog import DATASETS
 from glmc.defaults import DEFAULT_IMAGE_BATCH, DEFAULT_TEXT_TOKENS, METHOD_NAMES, TEXT_LOGITS_BUDGET
-from glmc.errors import GlmcError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -142,14 +142,11 @@ def run(args: argparse.Namespace) -> int:
     methods = list(dict.fromkeys(args.methods or DEFAULT_METHODS))
     for name in methods:
         get_method(name)
+    check_at_least(args, points=2, iters=1, batch_size=1, context=1, max_batches=0)
     lambda_grid(args.points)
     if args.plot:
         check_plot_path(args.plot)
         check_output(args.plot, SMALL_OUTPUT, force=args.force, option="--plot")
-    for opt in ("batch_size", "context"):
-        v = getattr(args, opt)
-        if v is not None and v < 1:
-            raise GlmcError(f"--{opt.replace('_', '-')} must be at least 1, got {v}")
     resolve_device(args.device)
     a = load_model(args.a, allow_pickle=args.allow_pickle)
     b = load_model(args.b, allow_pickle=args.allow_pickle)
@@ -165,7 +162,9 @@ def run(args: argparse.Namespace) -> int:
                            learned=learned_options(args, None))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
+    # (off a terminal a transient bar shows nothing, and leaves a blank line on stderr)
+    with Progress(*columns, console=console, transient=True,
+                  disable=not console.is_terminal) as bar:
         tasks = {m: bar.add_task(f"{m}: waiting", total=args.points) for m in methods}
 
         def progress(method: str, stage: str, done: int, total: int) -> None:

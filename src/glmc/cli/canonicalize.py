@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from glmc.models.circuit import to_circuit
     from glmc.verify import canonical_logits, certify, folder_logits, random_inputs
 
-    check_output(args.out, model_bytes(stored_params(args.model)), force=args.force)
+    check_output(args.out, model_bytes(stored_params(args.model)), force=args.force,
+                 inputs=(args.model,))
     m = load_model(args.model, allow_pickle=args.allow_pickle)
     canon = m.canonical if args.attention == "heads" else to_circuit(m.canonical)
     x = random_inputs(canon.config)

@@ -7,8 +7,8 @@ import sys
 
 from glmc.cli.common import add_json, emit_json
 from glmc.cli.main import add_command
+from glmc.cli.options import check_at_least
 from glmc.defaults import METHOD_NAMES
-from glmc.errors import GlmcError
 
 #: What the cache may grow by: four models, each with a checkpoint in flight (the full
 #: demo's models have about 0.6M parameters; --quick's about 30k).
@@ -57,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
     methods = tuple(dict.fromkeys(args.methods or METHODS))
     for m in methods:
         get_method(m)
-    if args.points < 2:
-        raise GlmcError(f"--points must be at least 2, got {args.points}")
+    check_at_least(args, points=2, learned_steps=1, parallel=1)
     check_output(args.out, OUT_BYTES, force=args.force, into=True)
     check_output(args.cache, CACHE_BYTES[args.quick], force=True, into=True,  # (reused)
                  option="--cache")

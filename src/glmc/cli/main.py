@@ -26,10 +26,18 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line, as every other error (``glmc merge: error: argument
+    --align: invalid choice: ...``), pointing to --help rather than printing the usage."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="glmc",
         description="Align transformers modulo their weight symmetries, measure loss barriers "
         "on the straight line between them, and merge them.",
@@ -59,8 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()
     try:
         return int(args.func(args) or 0)
-    except GlmcError as e:
-        print(f"glmc {args.command}: error: {e}", file=sys.stderr)
+    except GlmcError as e:  # (one line, whatever the message holds)
+        message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        print(f"glmc {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"glmc {args.command}: interrupted", file=sys.stderr)

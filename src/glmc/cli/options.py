@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from glmc.errors import GlmcError
 from glmc.matching.options import LearnedMatchingOptions
 
 
@@ -31,6 +32,15 @@ def add_alignment_options(p: argparse.ArgumentParser, residual: bool = True) -> 
                    "vocabulary rows of seen tokens count in the matching")
     g.add_argument("--seed", type=int, default=0,
                    help="seed of the image data split and of learned matching (data order, λ)")
+
+
+def check_at_least(args: argparse.Namespace, **minimums: int) -> None:
+    """Each option named by its dest (``batch_size``: --batch-size), when given, at least its
+    minimum; checked before any work."""
+    for dest, low in minimums.items():
+        value = getattr(args, dest)
+        if value is not None and value < low:
+            raise GlmcError(f"--{dest.replace('_', '-')} must be at least {low}, got {value}")
 
 
 def add_tokenizer(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -6,6 +6,7 @@ import argparse
 
 from glmc.cli.common import add_allow_pickle, add_json, emit_json
 from glmc.cli.main import add_command
+from glmc.cli.options import check_at_least
 from glmc.errors import GlmcError
 
 
@@ -28,8 +29,9 @@ def run(args: argparse.Namespace) -> int:
     from glmc.io.folders import load_model
     from glmc.verify import certify, folder_logits, random_inputs, same_interface
 
-    if args.batch < 1:
-        raise GlmcError(f"--batch must be at least 1, got {args.batch}")
+    check_at_least(args, batch=1)
+    if args.tol is not None and not args.tol >= 0:
+        raise GlmcError(f"--tol must be >= 0, got {args.tol}")
     a = load_model(args.a, allow_pickle=args.allow_pickle)
     b = load_model(args.b, allow_pickle=args.allow_pickle)
     same_interface(a.canonical.config, b.canonical.config, f"{args.a} vs {args.b}")

@@ -16,7 +16,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from glmc.errors import GlmcError
+from glmc.errors import GlmcError, reason
 from glmc.io.atomic import atomic_dir, atomic_path
 from glmc.io.outputs import output_errors
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
@@ -93,7 +93,7 @@ def read_weights(folder: Path, allow_pickle: bool = False) -> StateDict:
         try:
             return torch.load(pickled, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unpickling failure is the user's file
-            raise GlmcError(f"{pickled}: cannot load ({type(e).__name__}: {e})") from None
+            raise GlmcError(f"{pickled}: cannot load ({reason(e)})") from None
     raise GlmcError(f"{folder}: no model.safetensors (or sharded index) in the folder")
 
 
@@ -122,9 +122,14 @@ def _meta_shapes(module_fn) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in m.state_dict().items()}
 
 
-def _check_finite(where: Path, state: StateDict) -> None:
+def _check_values(where: Path, state: StateDict) -> None:
+    """Every tensor floating point (an int tensor would be cast silently) and finite."""
     for name, t in state.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if not t.is_floating_point():
+            dtype = str(t.dtype).removeprefix("torch.")
+            raise GlmcError(f"{where}: tensor {name} has dtype {dtype} (shape {list(t.shape)}); "
+                            "model weights must be floating point")
+        if not bool(torch.isfinite(t).all()):
             raise GlmcError(f"{where}: tensor {name} contains NaN or Inf")
 
 
@@ -148,7 +153,7 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
             raise GlmcError(f"{cfg_path}: invalid glmc config ({e})") from None
         check_shapes(folder / "model.safetensors", state,
                      _meta_shapes(lambda: CanonicalTransformer(cfg)))
-        _check_finite(folder, state)
+        _check_values(folder, state)
         state = {k: v.to(dtype) for k, v in state.items()}
         return LoadedModel(folder, CanonicalModel(cfg, state, read_side_files(folder)))
     model_type = raw.get("model_type")
@@ -162,7 +167,7 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
     state = importer.normalize_keys(state)
     expected = _meta_shapes(lambda: importer.stock_model(hf_config))
     check_shapes(folder, state, expected, optional=importer.optional_keys(hf_config))
-    _check_finite(folder, state)
+    _check_values(folder, state)
     state = {k: v.to(dtype) for k, v in state.items()}
     canonical = importer.to_canonical(hf_config, state).with_files(read_side_files(folder))
     return LoadedModel(folder, canonical, importer, hf_config, state)

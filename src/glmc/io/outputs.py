@@ -16,7 +16,7 @@ import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from glmc.errors import GlmcError
@@ -34,7 +34,8 @@ def model_bytes(n_params: int) -> int:
 
 
 def check_output(path: str | Path, need_bytes: int = 0, *, force: bool = False,
-                 option: str = "-o", into: bool = False, force_flag: str = "--force") -> Path:
+                 option: str = "-o", into: bool = False, force_flag: str = "--force",
+                 inputs: Sequence[str | Path] = ()) -> Path:
     """Refuse, before any work, an output location that cannot take the output.
 
     Args:
@@ -46,15 +47,23 @@ def check_output(path: str | Path, need_bytes: int = 0, *, force: bool = False,
             options, or Python arguments), for the message.
         into: the output is written inside the folder ``path`` (a report folder, a cache);
             otherwise it replaces ``path`` atomically, from beside it.
+        inputs: the files and folders the command reads; replacing ``path`` must delete
+            none of them (``--force`` included).
 
     Returns:
         ``path`` made absolute.
 
     Raises:
-        GlmcError: ``path`` holds something and ``force`` is off; a file stands where a
-            folder is needed; the location is not writable; or the disk lacks the space.
+        GlmcError: ``path`` is or holds an input; ``path`` holds something and ``force`` is
+            off; a file stands where a folder is needed; the location is not writable; or the
+            disk lacks the space.
     """
     p = Path(path).expanduser().absolute()
+    out = p.resolve()
+    for name in inputs:
+        source = Path(name).expanduser().resolve()
+        if source == out or out in source.parents:
+            raise GlmcError(f"{path}: the output folder would replace input {name}")
     if not force and _occupied(p):
         raise GlmcError(f"{path}: exists and is not empty; pass {force_flag} to replace it, "
                         f"or choose another {option}")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from glmc.errors import GlmcError
+from glmc.errors import GlmcError, reason
 from glmc.io.atomic import atomic_path
 from glmc.symmetry.groups import BlockMatrix, Element, element_from_tensors, element_meta
 from glmc.symmetry.spec import SymmetrySpec
@@ -64,9 +64,13 @@ def _permute_blocks(e: Element, perm: torch.Tensor) -> Element:
 
 @dataclass
 class Transform:
-    """A group element for every space of a spec (spaces it omits are the identity)."""
+    """A group element for every space of a spec (spaces it omits are the identity).
+
+    ``source``: the file it was loaded from, for messages.
+    """
 
     elements: dict[str, Element]
+    source: str | None = field(default=None, compare=False, repr=False)
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -119,6 +123,11 @@ class Transform:
     # -- action ---------------------------------------------------------------------------
     def apply(self, spec: SymmetrySpec, state: Mapping[str, torch.Tensor]) -> StateDict:
         """The transformed state dict (parameters the spec does not name are copied)."""
+        for name, e in self.elements.items():
+            group = spec.spaces.get(name)
+            if group is not None and e.size != group.size:
+                raise GlmcError(f"{self.source or 'transform'}: space {name} has size {e.size}, "
+                                f"the model's {group.size} (a transform of another model)")
         result = {}
         for name, x in state.items():
             tags = spec.axes.get(name)
@@ -160,5 +169,5 @@ class Transform:
         except GlmcError:
             raise
         except Exception as e:  # noqa: BLE001 - a damaged or foreign file is the user's input
-            raise GlmcError(f"{path}: cannot read transform ({type(e).__name__}: {e})") from None
-        return cls(elements)
+            raise GlmcError(f"{path}: cannot read transform ({reason(e)})") from None
+        return cls(elements, str(path))

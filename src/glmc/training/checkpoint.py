@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from glmc.errors import GlmcError
+from glmc.errors import GlmcError, reason
 from glmc.io.atomic import atomic_path
 
 CHECKPOINT_FORMAT = 1
@@ -53,7 +53,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
-        raise GlmcError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e})") from None
+        raise GlmcError(f"{path}: cannot read checkpoint ({reason(e)})") from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise GlmcError(f"{path}: not a glmc training checkpoint (format {CHECKPOINT_FORMAT})")
     for key in ("config", "data", "hf_config", "log"):

@@ -43,7 +43,7 @@ from transformers import (
     ViTForImageClassification,
 )
 
-from glmc.data import Dataset, TextDataset, save_tokenizer
+from glmc.data import DATASETS, Dataset, TextDataset, save_tokenizer
 from glmc.errors import GlmcError
 from glmc.io.atomic import atomic_dir, atomic_path
 from glmc.io.outputs import (
@@ -264,7 +264,8 @@ def train(
         raise GlmcError(f"there is a checkpoint at step {'?' if step is None else step} at "
                         f"{ckpt}; pass --resume to continue it, or --force to start over and "
                         "discard it")
-    check_output(out, force=force)
+    named = cfg.data.lower() in DATASETS  # (a name, not a path, even where a file has it)
+    check_output(out, force=force, inputs=() if named else (cfg.data,))
     device = torch.device(cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise GlmcError("--device cuda requested but CUDA is not available")
