@@ -486,11 +486,8 @@ def _hashes(root: Path) -> dict[str, str | None]:
 
 
 #: Cases that fail for a known reason in a module being rewritten: (exception, file, why).
-KNOWN = {
-    "resume-learned-checkpoint-of-another-model": (
-        RuntimeError, "src/glmc/matching/learned.py", "the latents are loaded without "
-        "checking their shapes (size mismatch for res.o0, with a traceback)"),
-}
+#: Cases that fail for a known reason: (exception, file, reason); empty when none do.
+KNOWN: dict[str, tuple] = {}
 
 
 @pytest.mark.parametrize("name", [

@@ -5,18 +5,28 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
+import glmc
 from glmc.barrier import barrier, barrier_curve, get_method, lambda_grid, run_barrier
 from glmc.cli.main import main
 from glmc.data import CharTokenizer, ImageDataset, save_tokenizer
 from glmc.errors import GlmcError
-from glmc.evaluate import evaluate
-from glmc.io.folders import write_model
+from glmc.evaluate import (
+    check_data_fits,
+    default_batch_size,
+    evaluate,
+    fixed_batches,
+    load_eval_data,
+)
+from glmc.io.folders import load_model, write_glmc, write_model
+from glmc.matching.options import LearnedMatchingOptions
 from glmc.models import canonical as canonical_module
 from glmc.plots import plot_barriers
 from glmc.symmetry.transform import Transform
@@ -49,7 +59,7 @@ def test_barrier_hand_computed():
 
 
 def test_unknown_method_lists_the_available_ones():
-    with pytest.raises(GlmcError, match=r"available: none, weight, weight-perm"):
+    with pytest.raises(GlmcError, match=r"available: none, canonical, weight, weight-perm"):
         get_method("activation")
 
 
@@ -125,8 +135,8 @@ def test_weight_matching_removes_a_planted_symmetry(h, tmp_path):
                       torch.ones(3))
     b = a.transformed(Transform.random(a.spec, g, torch.float32,
                                        subgroups={"residual": "fix_ones"}))
-    report = run_barrier(a, b, ds, methods=("none", "weight"), points=5)
-    none, weight = report.methods["none"], report.methods["weight"]
+    report = run_barrier(a, b, ds, methods=("canonical", "weight"), points=5)
+    none, weight = report.methods["canonical"], report.methods["weight"]
     assert none.acc_a == 1.0 and none.acc_b == 1.0
     assert none.loss_barrier > 0.1 and none.acc_barrier > 0
     assert weight.loss_barrier < 1e-4 and weight.acc_barrier == 0.0
@@ -197,3 +207,199 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(lm_pair, vit_folder, t
         assert rc == 2, case
         assert len(err.splitlines()) == 1, (case, err)
         assert fragment in err, (case, err)
+
+
+# -- none: the stock weights averaged as loaded ---------------------------------------------
+
+
+def _stock_loss(folder_a: Path, folder_b: Path, lam: float, batches) -> float:
+    """Mean cross-entropy per target of the transformers class (float32) with the stock state
+    dict λ·A + (1 − λ)·B, the folders' weights averaged as they are."""
+    la, lb = load_model(folder_a), load_model(folder_b)
+    state = {k: torch.lerp(lb.stock_state[k], v, lam) for k, v in la.stock_state.items()}
+    module = la.importer.stock_model(la.hf_config).to(torch.float32)
+    module.load_state_dict(state, strict=False)  # (a tied head is wte)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y in batches:
+            logits = la.importer.stock_logits(module, x).double()
+            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                           reduction="sum"))
+            count += y.numel()
+    return total / count
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "vit"])
+def test_none_averages_the_stock_weights_as_loaded(h, tmp_path, arch):
+    """``none`` is the paper's vanilla baseline: its loss at every λ is the stock model's on
+    the averaged stock state dict, which is not the average in canonical coordinates."""
+    if arch == "gpt2":
+        tiny = [h.make_tiny("gpt2", seed=s, dtype=torch.float32, vocab=len(CHARS))
+                for s in (0, 1)]
+        with torch.no_grad():  # ln_f's γ_3 is 0 at λ = 1/2: there θ(λ) has a head bias
+            ln_f = [t.stock.transformer.ln_f.weight for t in tiny]
+            ln_f[1][3] = -ln_f[0][3]
+        data: Path | ImageDataset = tmp_path / "corpus.txt"
+        rng = random.Random(0)
+        data.write_text("".join(rng.choice(CHARS) for _ in range(2000)))
+    else:
+        tiny = [h.make_tiny("vit", seed=s, dtype=torch.float32) for s in (0, 1)]
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(3, 40, 3, 8, 8, generator=g), torch.randint(0, 5, (3, 40), generator=g)
+        data = ImageDataset("random", x[0], y[0], x[1], y[1], x[2], y[2], 5, torch.zeros(3),
+                            torch.ones(3))
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for t, folder in zip(tiny, folders, strict=True):
+        t.stock.save_pretrained(folder)
+        if arch == "gpt2":
+            save_tokenizer(folder, CharTokenizer("".join(sorted(CHARS))))
+    report = run_barrier(*folders, data, methods=("none", "canonical"), points=5)
+    none, canon = report.methods["none"], report.methods["canonical"]
+    config = load_model(folders[0]).canonical.config
+    ds = load_eval_data(data, config, folders=folders)
+    context = check_data_fits(config, ds)
+    batches = fixed_batches(ds, "test", batch_size=default_batch_size(config, context),
+                            context=context)
+    for lam, loss in zip(none.lambdas, none.losses, strict=True):
+        assert loss == pytest.approx(_stock_loss(*folders, lam, batches), abs=1e-5), lam
+    assert none.losses[0] == canon.losses[0] and none.losses[-1] == canon.losses[-1]
+    assert abs(none.losses[2] - canon.losses[2]) > 1e-3  # λ = 1/2
+    assert not report.warnings
+
+
+def test_none_needs_stock_weights(h, lm_pair, tmp_path, capsys):
+    """A glmc folder or a model in memory holds canonical weights only: ``none`` is refused
+    (before any work), pointing to ``canonical``, which takes them."""
+    a, b, text = lm_pair
+    canonical_b = load_model(b).canonical
+    glmc_b = tmp_path / "glmc-b"
+    glmc_b.mkdir()
+    write_glmc(glmc_b, canonical_b)
+    save_tokenizer(glmc_b, CharTokenizer("".join(sorted(CHARS))))
+    with pytest.raises(GlmcError, match=r"model B is a model in memory.*use canonical"):
+        run_barrier(a, canonical_b, text, methods=("weight", "none"))
+    with pytest.raises(GlmcError, match=r"model B is a model in memory.*use canonical"):
+        glmc.merge(a, canonical_b, align_method="none")
+    for argv in (["barrier", a, glmc_b, "--data", text, "--align", "none"],
+                 ["merge", a, glmc_b, "-o", tmp_path / "m", "--align", "none"]):
+        assert main([str(x) for x in argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1
+        assert f"{glmc_b} is a glmc folder" in err and "use canonical" in err
+    assert not (tmp_path / "m").exists()
+    report = run_barrier(a, glmc_b, text, methods=("canonical",), points=3)
+    assert report.methods["canonical"].loss_b == pytest.approx(evaluate(b, text).loss, rel=1e-6)
+    merged, _ = glmc.merge(a, canonical_b, align_method="canonical")
+    torch.testing.assert_close(merged.state["embed.tok"], 0.5 * (
+        load_model(a).canonical.state["embed.tok"] + canonical_b.state["embed.tok"]))
+
+
+# -- the split the models were not trained on ----------------------------------------------
+
+TINY_VIT = ["--arch", "vit", "--data", "digits", "--n-layer", "1", "--n-embd", "16", "--n-head",
+            "2", "--n-inner", "16", "--patch-size", "4", "--steps", "2", "--batch-size", "16",
+            "--eval-every", "0", "--eval-batches", "1", "--threads", "1", "--json"]
+
+
+@pytest.fixture(scope="module")
+def digits_runs(tmp_path_factory, h) -> dict[str, Path]:
+    """ViTs trained 2 steps on digits by ``glmc train``: a and b on split seed 3, c on 5, and
+    a copy of a and of b without their training record."""
+    h.require_packages("sklearn")
+    root = tmp_path_factory.mktemp("digits")
+    runs = {}
+    for name, seed, data_seed in (("a", 0, 3), ("b", 1, 3), ("c", 2, 5)):
+        runs[name] = root / name
+        assert main(["train", *TINY_VIT, "--seed", str(seed), "--data-seed", str(data_seed),
+                     "-o", str(runs[name])]) == 0
+    for name in ("a", "b"):
+        runs[f"bare-{name}"] = root / f"bare-{name}"
+        shutil.copytree(runs[name], runs[f"bare-{name}"], ignore=shutil.ignore_patterns(
+            "glmc_train.json"))
+    return runs
+
+
+def _barrier_json(capsys, *argv: object) -> tuple[int, dict | str]:
+    capsys.readouterr()
+    rc = main(["barrier", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return rc, json.loads(out) if rc == 0 else err.strip()
+
+
+def test_an_image_pair_is_evaluated_on_its_own_test_split(digits_runs, capsys):
+    a, b = digits_runs["a"], digits_runs["b"]
+    report = run_barrier(a, b, "digits", methods=("canonical",), points=2)
+    assert report.data_seed == 3  # from glmc_train.json, not the default 0
+    assert report.methods["canonical"].loss_a == pytest.approx(
+        evaluate(a, "digits", seed=3).loss, rel=1e-6)
+    assert evaluate(a, "digits", seed=3).loss != evaluate(a, "digits", seed=0).loss
+    for extra in ([], ["--data-seed", "3"]):  # (the record's seed may be repeated)
+        rc, out = _barrier_json(capsys, a, b, "--data", "digits", "--align", "canonical",
+                                "--points", "2", "--json", *extra)
+        assert rc == 0 and out["data_seed"] == 3
+        assert out["methods"]["canonical"]["losses"] == report.methods["canonical"].losses
+    rc, err = _barrier_json(capsys, a, b, "--data", "digits", "--data-seed", "4")
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert f"--data-seed 4 contradicts {a}, trained on split seed 3" in err
+
+
+def test_a_pair_trained_on_different_splits_is_refused(digits_runs, capsys, tmp_path):
+    a, c = digits_runs["a"], digits_runs["c"]
+    message = f"{a} was trained on split seed 3, {c} on 5; they do not share a test split"
+    rc, err = _barrier_json(capsys, a, c, "--data", "digits")
+    assert rc == 2 and err.endswith(message)
+    with pytest.raises(GlmcError, match="they do not share a test split"):
+        glmc.align(a, c, method="learned", data="digits")
+    assert main(["merge", str(a), str(c), "-o", str(tmp_path / "m"), "--align", "learned",
+                 "--data", "digits"]) == 2
+    assert capsys.readouterr().err.strip().endswith(message)
+    assert not (tmp_path / "m").exists()
+
+
+def test_text_ignores_data_seeds(lm_pair, tmp_path):
+    """Text splits are contiguous: records that differ, or --data-seed, change nothing."""
+    a, b, text = lm_pair
+    copies = []
+    for folder, seed in ((a, 1), (b, 2)):
+        copies.append(tmp_path / folder.name)
+        shutil.copytree(folder, copies[-1])
+        (copies[-1] / "glmc_train.json").write_text(json.dumps({"data_seed": seed}))
+    report = run_barrier(*copies, text, methods=("canonical",), points=2, data_seed=7)
+    assert report.data_seed is None
+    assert report.methods["canonical"].losses == run_barrier(
+        a, b, text, methods=("canonical",), points=2).methods["canonical"].losses
+
+
+def test_data_seed_chooses_the_split_of_folders_without_a_record(digits_runs):
+    a, b = digits_runs["bare-a"], digits_runs["bare-b"]
+    assert run_barrier(a, b, "digits", methods=("canonical",), points=2).data_seed == 0
+    report = run_barrier(a, b, "digits", methods=("canonical",), points=2, data_seed=4)
+    assert report.data_seed == 4
+    assert report.methods["canonical"].loss_a == pytest.approx(
+        evaluate(a, "digits", seed=4).loss, rel=1e-6)
+    # One record is enough: B's copy has none, A's says 3.
+    mixed = run_barrier(digits_runs["a"], b, "digits", methods=("canonical",), points=2)
+    assert mixed.data_seed == 3
+    with pytest.raises(GlmcError, match=r"--data-seed 4 contradicts .*/a, trained on split"):
+        run_barrier(digits_runs["a"], b, "digits", methods=("canonical",), data_seed=4)
+
+
+def test_seed_changes_learned_matching_only(digits_runs, capsys):
+    a, b = digits_runs["a"], digits_runs["b"]
+    runs = {}
+    for seed in (0, 1):
+        rc, out = _barrier_json(capsys, a, b, "--data", "digits", "--align", "weight",
+                                "--align", "learned", "--steps", "4", "--train-batch-size", "16",
+                                "--eval-every", "2", "--points", "3", "--json", "--seed",
+                                str(seed))
+        assert rc == 0, out
+        runs[seed] = out
+    assert runs[0]["data_seed"] == runs[1]["data_seed"] == 3
+    for key in ("losses", "accuracies"):
+        assert runs[0]["methods"]["weight"][key] == runs[1]["methods"]["weight"][key]
+    l0, l1 = runs[0]["methods"]["learned"], runs[1]["methods"]["learned"]
+    assert l0["losses"][0] == l1["losses"][0] and l0["losses"][-1] == l1["losses"][-1]
+    assert l0["losses"][1] != l1["losses"][1]  # λ = 1/2: another data order and λ draws
+    al = glmc.align(a, b, method="learned", data="digits",
+                    learned=LearnedMatchingOptions(steps=1, batch_size=16, eval_every=1))
+    assert al.settings["data_seed"] == 3

@@ -10,6 +10,7 @@ from glmc.io.folders import load_model, write_model
 from glmc.models.canonical import CanonicalConfig, rms_norm
 from glmc.models.circuit import to_circuit
 from glmc.models.importers import NotRepresentable
+from glmc.models.importers.gpt2 import NORM_F_BIAS_MIN_GAMMA
 from glmc.symmetry.groups import Group
 
 F64_TOL, F32_TOL = 1e-9, 1e-4
@@ -89,15 +90,34 @@ def test_to_circuit_is_idempotent(h):
     assert not any(r in ("qk", "ov") for r in spec.roles.values())
 
 
-# -- GPT-2 whose final LayerNorm has a zero in gamma ---------------------------------------
+# -- GPT-2 whose final LayerNorm has a zero, or a tiny entry, in gamma ---------------------
 
 
-@pytest.fixture
-def gpt2_zero_gamma(h):
+@pytest.fixture(params=[0.0, 1e-4], ids=["zero", "tiny"])
+def gpt2_zero_gamma(h, request):
+    """γ_3 of ln_f is 0, or 1e-4 times the rest's rms: β/γ would be ill conditioned."""
     tiny = h.make_tiny("gpt2", tied=True)
     with torch.no_grad():
-        tiny.stock.transformer.ln_f.weight[3] = 0.0
+        gamma = tiny.stock.transformer.ln_f.weight
+        gamma[3] = request.param * gamma.square().mean().sqrt()
     return tiny
+
+
+def test_well_conditioned_final_gamma_keeps_the_norm_bias(h):
+    """A normal γ (and one whose smallest |γ_i| is just above the threshold) keeps β as the
+    residual vector norm_f.bias = β/γ, and the model a stock GPT-2."""
+    for smallest in (None, 2 * NORM_F_BIAS_MIN_GAMMA):
+        tiny = h.make_tiny("gpt2", tied=True)
+        if smallest is not None:
+            with torch.no_grad():
+                gamma = tiny.stock.transformer.ln_f.weight
+                gamma[3] = smallest * gamma.square().mean().sqrt()
+        canon = tiny.canonical()
+        assert canon.config.norm_f_bias and not canon.config.head_bias
+        assert "norm_f.bias" in canon.state and "head.bias" not in canon.state
+        x = tiny.inputs()
+        assert h.rel_diff(tiny.logits(x), h.canonical_output(canon, x)) < F64_TOL
+        tiny.importer.to_stock(canon)  # (representable)
 
 
 def test_zero_final_gamma_uses_head_bias_and_stays_exact(h, gpt2_zero_gamma):
@@ -108,8 +128,9 @@ def test_zero_final_gamma_uses_head_bias_and_stays_exact(h, gpt2_zero_gamma):
     x = tiny.inputs()
     ref = tiny.logits(x)
     assert h.rel_diff(ref, h.canonical_output(canon, x)) < F64_TOL
+    assert float((ref - h.canonical_output(canon, x)).abs().max()) < F64_TOL
     assert h.rel_diff(ref, h.canonical_output(to_circuit(canon), x)) < F64_TOL
-    with pytest.raises(NotRepresentable, match="bias"):
+    with pytest.raises(NotRepresentable, match="head bias"):
         tiny.importer.to_stock(canon)
 
 
@@ -117,7 +138,7 @@ def test_zero_final_gamma_writes_a_glmc_folder(h, gpt2_zero_gamma, tmp_path):
     tiny = gpt2_zero_gamma
     canon = tiny.canonical()
     fmt = write_model(tmp_path, canon)
-    assert fmt.startswith("glmc")
+    assert fmt.startswith("glmc (GPT-2's lm_head has no bias")
     back = load_model(tmp_path, dtype=torch.float64)
     assert back.kind == "glmc"
     x = tiny.inputs()

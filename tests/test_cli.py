@@ -254,7 +254,21 @@ def test_merge_of_a_planted_pair(h, cli, tmp_path, arch, options):
     assert rc == 0, err
     assert cli("verify", a, tmp_path / "plain")[0] == 1
     report = json.loads((tmp_path / "plain" / "glmc_report.json").read_text())
-    assert report["align"] == "none" and report["alpha"] == 0.5
+    assert report["align"] == "none" and report["alpha"] == 0.5 and report["format"] == "hf"
+    # The stock weights averaged as loaded (LayerNorm γ and β too), written as they are; A
+    # ties its GPT-2 head, B (an export) does not: the average is untied.
+    sa, sb = load_model(a).stock_state, load_model(b).stock_state
+    written = load_file(tmp_path / "plain" / "model.safetensors")
+    for name in set(sa) & set(sb):
+        assert torch.equal(written[name], torch.lerp(sb[name], sa[name], 0.5)), name
+    if arch == "gpt2":
+        assert torch.equal(written["lm_head.weight"], torch.lerp(
+            sb["lm_head.weight"], sa["transformer.wte.weight"], 0.5))
+    rc, _, err = cli("merge", a, b, "-o", tmp_path / "canonical", "--align", "canonical",
+                     *options)
+    assert rc == 0, err
+    assert cli("verify", a, tmp_path / "canonical")[0] == 1
+    assert cli("verify", tmp_path / "plain", tmp_path / "canonical")[0] == 1  # not the same
 
 
 def test_merge_rejects_alpha_out_of_range(cli, gpt2_folder, tmp_path):

@@ -250,7 +250,7 @@ def test_transform_algebra_is_not_vacuous(spec_and_state):
     spec, state = spec_and_state
     moved = Transform.random(spec, gen(1)).apply(spec, state)
     for name, tags in spec.axes.items():
-        if any(tags):
+        if any(tags) and bool(state[name].any()):  # (canonical key and value biases are 0)
             assert not torch.allclose(moved[name], state[name]), name
     assert_states_close(Transform.identity(spec).apply(spec, state), state, rtol=0, atol=0)
 

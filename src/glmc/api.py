@@ -4,6 +4,7 @@
 >>> a, b = glmc.load("runs/gpt-a"), glmc.load("runs/gpt-b")
 >>> result = glmc.align(a, b)                      # weight matching, orthogonal residual
 >>> merged, alignment = glmc.merge(a, b, alpha=0.5, align_method="weight")
+>>> vanilla, _ = glmc.merge("runs/gpt-a", "runs/gpt-b", align_method="none")  # stock average
 >>> result.save("runs/b-aligned")                  # what `glmc align ... -o` writes
 >>> glmc.save(merged, "runs/merged")               # what `glmc merge ... -o` writes
 """
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import torch
 
 from glmc.data import TOKENIZER_FILE, Dataset, Tokenizer
 from glmc.errors import GlmcError
-from glmc.evaluate import check_data_fits, load_eval_data
+from glmc.evaluate import check_data_fits, load_pair_data
 from glmc.io.folders import REPORT, LoadedModel, load_model, save_folder, write_json
 from glmc.io.outputs import check_output, model_bytes, output_errors
 from glmc.matching.learned import LearnedMatchingOptions, LearnedResult, learned_matching
@@ -32,6 +34,7 @@ from glmc.matching.weight import (
     weight_matching,
 )
 from glmc.models.circuit import to_circuit
+from glmc.models.importers import Importer
 from glmc.models.model import CanonicalModel
 from glmc.symmetry.transform import StateDict, Transform
 from glmc.verify import canonical_logits, certify_folder, random_inputs
@@ -39,6 +42,9 @@ from glmc.verify import canonical_logits, certify_folder, random_inputs
 ModelLike = CanonicalModel | LoadedModel | str | Path
 
 METHODS = ("weight", "learned")
+#: What :func:`merge` takes: no alignment (``none``: the stock weights averaged as loaded, the
+#: paper's vanilla baseline; ``canonical``: averaging in canonical coordinates), or a method.
+MERGE_METHODS = ("none", "canonical", *METHODS)
 
 
 def load(path: str | Path, *, allow_pickle: bool = False) -> LoadedModel:
@@ -120,6 +126,91 @@ def prepare_pair(model_a: ModelLike, model_b: ModelLike,
     return a, b
 
 
+@dataclass(frozen=True)
+class StockPair:
+    """Two Hugging Face models as loaded, before the canonical rewrite: the path of the
+    paper's vanilla average θ(α) = α·stock_A + (1 − α)·stock_B (LayerNorm γ and β averaged as
+    they are; α = 1 is A). An :class:`~glmc.evaluate.InterpolationPath`.
+
+    Not linear in canonical coordinates (γ and β are folded into the readers after them), so
+    every point is averaged in stock form and brought to canonical form by the importer, an
+    exact rewrite: canonical(θ(α)) computes θ(α)'s function.
+
+    Attributes:
+        importer, hf_config: A's; the averaged model's class and config.
+        a, b: the stock state dicts (same names and shapes).
+        files: what the averaged model carries (A's tokenizer and generation config).
+    """
+
+    importer: Importer
+    hf_config: Any
+    a: StateDict
+    b: StateDict
+    files: dict[str, str] = field(default_factory=dict)
+
+    def state_at(self, alpha: float) -> StateDict:
+        """The stock state dict α·stock_A + (1 − α)·stock_B."""
+        return interpolate(self.a, self.b, alpha)
+
+    def model_at(self, alpha: float) -> CanonicalModel:
+        """:meth:`state_at` in canonical form (same function)."""
+        return self.importer.to_canonical(self.hf_config, self.state_at(alpha)).with_files(
+            self.files)
+
+
+#: Why ``none`` cannot average a model: it holds no stock weights.
+_NO_STOCK = ("align method none averages the stock weights as loaded, but {what}; use "
+             "canonical instead (averaging in canonical coordinates, after the exact RMSNorm "
+             "rewrite)")
+
+
+def stock_pair(model_a: ModelLike, model_b: ModelLike) -> StockPair:
+    """The stock weights of two Hugging Face model folders (or LoadedModels of them), for the
+    vanilla average (method ``none``).
+
+    A pair where one model ties its LM head to the embedding and the other does not is
+    averaged untied (the tied head made an explicit copy: the same model).
+
+    Raises:
+        GlmcError: an input that holds no stock weights (a glmc folder, a model in memory),
+            naming it and pointing to ``canonical``; models of different architectures, or
+            whose stock tensors differ in names or shapes.
+    """
+    loaded = []
+    for model, who in ((model_a, "A"), (model_b, "B")):
+        if isinstance(model, (str, Path)):
+            model = load_model(model)
+        if not isinstance(model, LoadedModel):
+            raise GlmcError(_NO_STOCK.format(what=f"model {who} is a model in memory, in "
+                                             "canonical form only"))
+        if model.importer is None:
+            raise GlmcError(_NO_STOCK.format(what=f"{model.path} is a glmc folder (canonical "
+                                             "weights only)"))
+        if model.stock_state is None:
+            raise GlmcError(_NO_STOCK.format(what=f"{model.path} was loaded without its stock "
+                                             "weights"))
+        loaded.append(model)
+    la, lb = loaded
+    where = f"{la.path} vs {lb.path}"
+    if la.importer is not lb.importer:
+        raise GlmcError(f"{where}: the models are of different architectures "
+                        f"({la.importer.name}, {lb.importer.name})")
+    (ca, sa), (cb, sb) = ((m.hf_config, m.stock_state) for m in loaded)
+    tied = [getattr(c, "tie_word_embeddings", None) for c in (ca, cb)]
+    if tied[0] != tied[1] or set(sa) != set(sb):  # (one ties its head, the other not)
+        (ca, sa), (cb, sb) = la.importer.untied(ca, sa), lb.importer.untied(cb, sb)
+    only = sorted(set(sa) ^ set(sb))
+    if only:
+        raise GlmcError(f"{where}: tensor {only[0]} is stored in "
+                        f"{'A' if only[0] in sa else 'B'} only; the stock weights cannot be "
+                        "averaged")
+    for name in sa:
+        if sa[name].shape != sb[name].shape:
+            raise GlmcError(f"{where}: tensor {name}: shape {list(sa[name].shape)} in A, "
+                            f"{list(sb[name].shape)} in B")
+    return StockPair(la.importer, ca, sa, sb, dict(la.canonical.files))
+
+
 @dataclass
 class Alignment:
     """B aligned to A: ``aligned`` = transform applied to ``b`` (same function as ``b``).
@@ -163,24 +254,33 @@ def align(
     heads: str = "inner",
     max_iter: int = 15,
     tol: float = 1e-5,
-    weighting: str = "sqrt",
+    weighting: str = "tensor",
+    unit_cost: str = "angle",
+    inner: str | None = None,
+    init: str = "spectral",
     token_counts: torch.Tensor | None = None,
     data: str | Path | Dataset | None = None,
     tokenizer: str | Tokenizer | None = None,
+    data_seed: int | None = None,
     learned: LearnedMatchingOptions | None = None,
     progress=None,
     learned_progress=None,
 ) -> Alignment:
     """Align B to A modulo the symmetries of their spec.
 
-    heads: "inner" keeps head_dim (heads assigned by circuit similarity, inner bases aligned);
-    "circuit" rewrites both models with attention in circuit form first (exact; the result
-    is no longer the stock architecture).
+    heads: "inner" keeps head_dim (heads assigned by what is left after aligning each pair's
+    inner bases); "circuit" rewrites both models with attention in circuit form first (exact;
+    the result is no longer the stock architecture).
+    max_iter, tol, weighting, unit_cost, inner, init: weight matching's options (see
+    :class:`glmc.matching.options.WeightMatchingOptions`).
     token_counts: (vocab,) counts; vocabulary rows of unseen tokens do not count.
     method "learned": weight matching, then learned matching on ``data`` (a dataset name or
     path, as ``--data`` takes, or a glmc.data dataset; text is encoded with the models'
     tokenizer or ``tokenizer``) with options ``learned``; its residual group follows
-    ``residual`` (permutation: the paper's permutation-only ablation).
+    ``residual`` (permutation: the paper's permutation-only ablation). An image dataset is
+    split as the models were trained (their ``glmc_train.json``; ``data_seed`` only for
+    models without one, see :func:`glmc.evaluate.split_seed`); ``learned.seed`` draws the
+    data order and λ only.
     """
     if method not in METHODS:
         raise GlmcError(f"unknown alignment method {method!r} (available: {', '.join(METHODS)})")
@@ -189,7 +289,10 @@ def align(
                 "residual": residual, "heads": heads}
     options = replace(learned or LearnedMatchingOptions(), residual=residual)
     if method == "learned":  # the data are checked before any matching
-        data = learning_data(a, data, tokenizer, options.seed, settings["a"])
+        data, seed = learning_data(a, data, tokenizer, settings["a"],
+                                   models=(model_a, model_b), data_seed=data_seed)
+        if seed is not None:
+            settings["data_seed"] = seed
     row_masks = {}
     if token_counts is not None:
         if a.config.task != "causal_lm":
@@ -200,27 +303,35 @@ def align(
         mask = token_counts > 0
         row_masks = {"embed.tok": (0, mask), "head.weight": (0, mask)}
     opts = WeightMatchingOptions(residual=residual, max_iter=max_iter, tol=tol,
-                                 weighting=weighting, row_masks=row_masks)
+                                 weighting=weighting, unit_cost=unit_cost, inner=inner, init=init,
+                                 row_masks=row_masks)
     match = weight_matching(a, b, opts, progress=progress)
     if method == "weight":
         return Alignment(a, b, b.transformed(match.transform), match.transform, match,
                          settings=settings)
     result = learned_matching(a, b, data, match.transform, options,
-                              fix_ones=centred_pair(a, b), progress=learned_progress)
+                              fix_ones=centred_pair(a, b), progress=learned_progress,
+                              inner=opts.inner)
     return Alignment(a, b, b.transformed(result.transform), result.transform, match, result,
                      settings)
 
 
 def learning_data(a: CanonicalModel, data: str | Path | Dataset | None,
-                  tokenizer: str | Tokenizer | None, seed: int, where: str) -> Dataset:
+                  tokenizer: str | Tokenizer | None, where: str, *,
+                  models: Sequence[Any] = (), data_seed: int | None = None,
+                  ) -> tuple[Dataset, int | None]:
     """The data of learned matching (a name, a path or a dataset), checked to fit ``a``
-    in its train and val splits."""
+    in its train and val splits, and the image split seed used (None for text).
+
+    ``models``: the pair as given (folders and LoadedModels hold their training records, whose
+    split seed wins; ``data_seed`` applies when none does; see :func:`load_pair_data`)."""
     if data is None:
         raise GlmcError("learned matching trains on data: give --data (data= in Python)")
-    ds = load_eval_data(data, a.config, folders=[a], tokenizer=tokenizer, seed=seed)
+    ds, seed = load_pair_data(data, a.config, [a, *models], tokenizer=tokenizer,
+                              data_seed=data_seed)
     for split in ("train", "val"):
         check_data_fits(a.config, ds, split=split, where=where)
-    return ds
+    return ds, seed
 
 
 def interpolate(a: StateDict, b: StateDict, alpha: float) -> StateDict:
@@ -236,11 +347,25 @@ def merge(
     align_method: str = "weight",
     **align_options,
 ) -> tuple[CanonicalModel, Alignment | None]:
-    """The model alpha·A + (1 − alpha)·π(B); π from ``align_method`` ("none", "weight" or
-    "learned", the last with ``data=``)."""
+    """The model alpha·A + (1 − alpha)·π(B), and the alignment (None without one).
+
+    ``align_method`` (see :data:`MERGE_METHODS`): ``"none"``, the paper's vanilla average of
+    the stock weights as loaded (Hugging Face folders or LoadedModels only; the model returned
+    is its exact canonical form, :meth:`StockPair.state_at` gives the stock state dict);
+    ``"canonical"``, averaging in canonical coordinates (after the exact RMSNorm rewrite), no
+    alignment; ``"weight"`` or ``"learned"`` (the last with ``data=``), see :func:`align`.
+    """
     if not 0.0 <= alpha <= 1.0:
         raise GlmcError(f"alpha must lie in [0, 1], got {alpha}")
+    if align_method not in MERGE_METHODS:
+        raise GlmcError(f"unknown alignment method {align_method!r} (available: "
+                        f"{', '.join(MERGE_METHODS)})")
     if align_method == "none":
+        model_a, model_b = (load_model(m) if isinstance(m, (str, Path)) else m
+                            for m in (model_a, model_b))
+        a, _ = prepare_pair(model_a, model_b)  # (the checks, and the shared tokenizer)
+        return stock_pair(model_a, model_b).model_at(alpha).with_files(a.files), None
+    if align_method == "canonical":
         a, b = prepare_pair(model_a, model_b, align_options.get("heads", "inner"))
         return a.with_state(interpolate(a.state, b.state, alpha)), None
     al = align(model_a, model_b, method=align_method, **align_options)

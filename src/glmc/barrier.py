@@ -16,6 +16,11 @@ method (see :data:`METHODS`), evaluates θ(λ) on a grid with one reused module 
     report = run_barrier("runs/vit-a", "runs/vit-b", "mnist5k", methods=("none", "weight"))
     report.methods["weight"].loss_barrier
     glmc.plots.plot_barriers(report, "barrier.png")
+
+A method returns B aligned (the path is then the straight line in canonical coordinates) or a
+path of its own (:class:`~glmc.evaluate.InterpolationPath`): ``none``, the paper's vanilla
+baseline, averages the stock weights as loaded, which is not a straight line in canonical
+coordinates.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,15 +40,20 @@ from glmc.data import Dataset, TextDataset, Tokenizer
 from glmc.errors import GlmcError
 from glmc.evaluate import (
     Evaluator,
+    InterpolationPath,
+    LinePath,
     check_data_fits,
     default_batch_size,
     fixed_batches,
-    load_eval_data,
+    load_pair_data,
     resolve_device,
 )
 from glmc.matching.learned import LearnedMatchingOptions
 from glmc.models.circuit import to_circuit
 from glmc.models.model import CanonicalModel
+
+if TYPE_CHECKING:
+    from glmc.api import StockPair
 
 # -- the arithmetic -----------------------------------------------------------------------
 
@@ -114,30 +124,40 @@ class AlignOptions:
             split); :func:`run_barrier` fills it in when None.
         dtype: precision the models are aligned in; evaluation is float32 regardless.
         learned: learned matching's options (its residual group follows the method).
+        stock: both models' stock weights as loaded, for methods that average them (``none``);
+            :func:`run_barrier` fills it in for Hugging Face folders.
     """
 
     heads: str = "inner"
     max_iter: int = 15
     tol: float = 1e-5
-    weighting: str = "sqrt"
+    weighting: str = "tensor"
     seed: int = 0
     token_counts: torch.Tensor | None = None
     progress: Callable[[int, float], None] | None = None
     dataset: Dataset | None = None
     dtype: torch.dtype = torch.float32
     learned: LearnedMatchingOptions | None = None
+    stock: StockPair | None = None
 
 
-AlignFn = Callable[[CanonicalModel, CanonicalModel, AlignOptions], CanonicalModel]
+AlignFn = Callable[[CanonicalModel, CanonicalModel, AlignOptions],
+                   CanonicalModel | InterpolationPath]
 
 
 @dataclass(frozen=True)
 class Method:
-    """An alignment method: ``fn(a, b, options)`` returns B aligned to A (B's function)."""
+    """An alignment method: ``fn(a, b, options)`` returns B aligned to A (B's function; the
+    path is the straight line to A in canonical coordinates) or the path itself.
+
+    ``stock``: the method reads ``options.stock`` (the models' stock weights), so it takes
+    Hugging Face folders only.
+    """
 
     name: str
     fn: AlignFn
     description: str
+    stock: bool = False
 
 
 _METHODS: dict[str, Method] = {}
@@ -145,11 +165,13 @@ METHODS = MappingProxyType(_METHODS)
 """Name -> :class:`Method` of every alignment method :func:`run_barrier` accepts."""
 
 
-def register_method(name: str, fn: AlignFn, description: str, *, replace: bool = False) -> None:
-    """Add an alignment method (``fn(a, b, options) -> aligned B``) under ``name``."""
+def register_method(name: str, fn: AlignFn, description: str, *, replace: bool = False,
+                    stock: bool = False) -> None:
+    """Add an alignment method (``fn(a, b, options) -> aligned B or a path``) under ``name``
+    (``stock``: it needs the stock weights, see :class:`Method`)."""
     if name in _METHODS and not replace:
         raise ValueError(f"alignment method {name!r} is already registered")
-    _METHODS[name] = Method(name, fn, description)
+    _METHODS[name] = Method(name, fn, description, stock)
 
 
 def get_method(name: str) -> Method:
@@ -160,7 +182,24 @@ def get_method(name: str) -> Method:
     return _METHODS[name]
 
 
-def _none(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> CanonicalModel:
+@dataclass(frozen=True)
+class _CircuitPath:
+    """``path`` with attention rewritten in circuit form at every point (exact)."""
+
+    path: InterpolationPath
+
+    def model_at(self, lam: float) -> CanonicalModel:
+        return to_circuit(self.path.model_at(lam))
+
+
+def _none(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> InterpolationPath:
+    if o.stock is None:  # (run_barrier refuses such inputs before any work)
+        raise GlmcError("method none averages the stock weights as loaded: give Hugging Face "
+                        "folders, or use canonical")
+    return o.stock if o.heads == "inner" else _CircuitPath(o.stock)
+
+
+def _canonical(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> CanonicalModel:
     return b
 
 
@@ -188,7 +227,11 @@ def _learned(residual: str) -> AlignFn:
     return fn
 
 
-register_method("none", _none, "no alignment: vanilla averaging")
+register_method("none", _none, "no alignment: vanilla averaging of the stock weights as "
+                "loaded (LayerNorm γ and β averaged as they are; Hugging Face folders)",
+                stock=True)
+register_method("canonical", _canonical, "averaging in canonical coordinates (after the exact "
+                "RMSNorm rewrite), no alignment")
 register_method("weight", _weight("orthogonal"),
                 "weight matching, orthogonal residual map (data-free)")
 register_method("weight-perm", _weight("permutation"),
@@ -272,6 +315,8 @@ class MethodResult:
 class BarrierReport:
     """Barriers of every method between A and B on one dataset split.
 
+    ``data_seed``: the seed of the image split evaluated (the models' training split seed,
+    see :func:`glmc.evaluate.split_seed`); None for text or a dataset passed loaded.
     ``to_json()`` gives ``{"methods": {name: {"loss_barrier", "acc_barrier", "lambdas",
     "losses", "accuracies", ...}}, "a", "b", "data", ...}``.
     """
@@ -288,6 +333,7 @@ class BarrierReport:
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
     label: str | None = None
+    data_seed: int | None = None
 
     @property
     def is_classifier(self) -> bool:
@@ -297,7 +343,8 @@ class BarrierReport:
         return {
             "methods": {k: m.to_json() for k, m in self.methods.items()},
             "a": self.a, "b": self.b, "data": self.data, "split": self.split,
-            "task": self.task, "context": self.context, "eval_count": self.count,
+            "data_seed": self.data_seed, "task": self.task, "context": self.context,
+            "eval_count": self.count,
             "points": len(self.lambdas), "seconds": round(self.seconds, 3),
             "warnings": self.warnings,
         }
@@ -320,6 +367,39 @@ def _describe(x: Any) -> str:
     return getattr(x, "name", None) or type(x).__name__
 
 
+@dataclass
+class _Prepared:
+    """What :func:`run_barrier` needs once the inputs are checked."""
+
+    a: CanonicalModel
+    b: CanonicalModel
+    dataset: Dataset
+    context: int | None
+    data_seed: int | None
+    stock: StockPair | None
+
+
+def _prepare(a: Any, b: Any, data: str | Path | Dataset, methods: Sequence[str], split: str,
+             context: int | None, tokenizer: str | Tokenizer | None,
+             data_seed: int | None) -> _Prepared:
+    from glmc.api import canonical, load, stock_pair
+    from glmc.matching.weight import check_pair
+    from glmc.verify import same_interface
+
+    if not methods:
+        raise GlmcError("give at least one alignment method")
+    needs_stock = any([get_method(name).stock for name in methods])  # (each name checked)
+    a, b = (load(m) if isinstance(m, (str, Path)) else m for m in (a, b))
+    ma, mb = canonical(a), canonical(b)
+    where = f"{_describe(a)} vs {_describe(b)}"
+    same_interface(ma.config, mb.config, where)
+    check_pair(ma, mb)
+    stock = stock_pair(a, b) if needs_stock else None
+    ds, seed = load_pair_data(data, ma.config, (a, b), tokenizer=tokenizer, data_seed=data_seed)
+    ctx = check_data_fits(ma.config, ds, split=split, context=context, where=_describe(a))
+    return _Prepared(ma, mb, ds, ctx, seed, stock)
+
+
 def prepare_barrier(
     a: Any,
     b: Any,
@@ -329,28 +409,17 @@ def prepare_barrier(
     split: str = "test",
     context: int | None = None,
     tokenizer: str | Tokenizer | None = None,
-    seed: int = 0,
+    data_seed: int | None = None,
 ) -> tuple[CanonicalModel, CanonicalModel, Dataset, int | None]:
     """All the checks of :func:`run_barrier` that need no long work.
 
-    Loads the models (folders or LoadedModels), checks they share an architecture, loads the
-    data with the models' tokenizer and checks it fits. Returns (A, B, dataset, context).
+    Loads the models (folders or LoadedModels), checks they share an architecture (and, for
+    ``none``, that both hold stock weights), loads the data with the models' tokenizer and
+    split seed (see :func:`glmc.evaluate.load_pair_data`) and checks it fits. Returns
+    (A, B, dataset, context).
     """
-    from glmc.api import canonical
-    from glmc.matching.weight import check_pair
-    from glmc.verify import same_interface
-
-    for name in methods:
-        get_method(name)
-    if not methods:
-        raise GlmcError("give at least one alignment method")
-    ma, mb = canonical(a), canonical(b)
-    where = f"{_describe(a)} vs {_describe(b)}"
-    same_interface(ma.config, mb.config, where)
-    check_pair(ma, mb)
-    ds = load_eval_data(data, ma.config, folders=(a, b), tokenizer=tokenizer, seed=seed)
-    ctx = check_data_fits(ma.config, ds, split=split, context=context, where=_describe(a))
-    return ma, mb, ds, ctx
+    p = _prepare(a, b, data, methods, split, context, tokenizer, data_seed)
+    return p.a, p.b, p.dataset, p.context
 
 
 def run_barrier(
@@ -367,6 +436,7 @@ def run_barrier(
     device: str | torch.device | None = "cpu",
     tokenizer: str | Tokenizer | None = None,
     seed: int = 0,
+    data_seed: int | None = None,
     options: AlignOptions | None = None,
     progress: ProgressFn | None = None,
     label: str | None = None,
@@ -374,7 +444,9 @@ def run_barrier(
     """Align B to A with each method, evaluate θ(λ) on a grid, and compute the barriers.
 
     Args:
-        a, b: model folders, LoadedModels or CanonicalModels of the same architecture.
+        a, b: model folders, LoadedModels or CanonicalModels of the same architecture
+            (method ``none``, which averages the stock weights, takes Hugging Face folders or
+            their LoadedModels only).
         data: a dataset name or path (see :func:`glmc.data.load_dataset`) or a loaded
             dataset. Text is encoded with the tokenizer saved beside the models.
         methods: names from :data:`METHODS`, in order.
@@ -385,7 +457,9 @@ def run_barrier(
             by default images use the whole split, text its first 65,536 tokens).
         device: where to evaluate (``"auto"``: CUDA when available).
         tokenizer: overrides the models' tokenizer for text.
-        seed: split seed of image datasets and seed of the matching (unless ``options``).
+        seed: seed of learned matching (data order and λ draws; unless ``options``).
+        data_seed: split seed of an image dataset, for models without a training record
+            (``glmc_train.json``, whose seed is used; a different ``data_seed`` is refused).
         options: alignment options shared by the methods.
         progress: progress(method, stage, done, total), see :data:`ProgressFn`.
         label: a name for this pair in plots.
@@ -400,11 +474,13 @@ def run_barrier(
     options = options or AlignOptions(seed=seed)
     if options.heads not in ("inner", "circuit"):
         raise GlmcError(f"unknown heads mode {options.heads!r} (inner or circuit)")
-    ma, mb, ds, ctx = prepare_barrier(a, b, data, methods=methods, split=split, context=context,
-                                      tokenizer=tokenizer, seed=seed)
+    prep = _prepare(a, b, data, methods, split, context, tokenizer, data_seed)
+    ma, mb, ds, ctx = prep.a, prep.b, prep.dataset, prep.context
     dev = resolve_device(device)
     if options.dataset is None:
         options = replace(options, dataset=ds)
+    if options.stock is None:
+        options = replace(options, stock=prep.stock)
     if options.heads == "circuit":
         ma, mb = to_circuit(ma), to_circuit(mb)
     bs = batch_size or default_batch_size(ma.config, ctx)
@@ -420,6 +496,7 @@ def run_barrier(
             progress(name, "align", 0, 1)
         t1 = time.perf_counter()
         aligned = method.fn(wa, wb, options)  # (already in circuit form when wa, wb are)
+        path = LinePath(ma, aligned) if isinstance(aligned, CanonicalModel) else aligned
         t_align = time.perf_counter() - t1
         if progress is not None:
             progress(name, "align", 1, 1)
@@ -429,7 +506,7 @@ def run_barrier(
             if progress is not None:
                 progress(name, "eval", done, total)
 
-        evals = evaluator.evaluate_path(ma.state, aligned.state, lambdas, progress=step)
+        evals = evaluator.evaluate_along(path, lambdas, progress=step)
         t_eval = time.perf_counter() - t2
         losses = [r.loss for r in evals]
         accs = [float(r.accuracy) for r in evals] if classifier else None  # type: ignore[arg-type]
@@ -447,7 +524,7 @@ def run_barrier(
     return BarrierReport(
         _describe(a), _describe(b), data_name, split, ma.config.task,
         ctx if isinstance(ds, TextDataset) else None, evaluator.count, lambdas, results,
-        time.perf_counter() - t0, warnings, label)
+        time.perf_counter() - t0, warnings, label, prep.data_seed)
 
 
 def _endpoint_warnings(results: dict[str, MethodResult], rtol: float = 1e-3) -> list[str]:

@@ -14,4 +14,5 @@ TEXT_LOGITS_BUDGET = 2**25
 
 #: The alignment methods that :mod:`glmc.barrier` registers, in its order (a test keeps the two
 #: equal); :func:`glmc.barrier.register_method` may add more from Python.
-METHOD_NAMES: tuple[str, ...] = ("none", "weight", "weight-perm", "learned", "learned-perm")
+METHOD_NAMES: tuple[str, ...] = ("none", "canonical", "weight", "weight-perm", "learned",
+                                 "learned-perm")

@@ -1,4 +1,4 @@
-"""Evaluate canonical models, and the straight line between two of them, on a dataset split.
+"""Evaluate canonical models, and a path between two of them, on a dataset split.
 
 The loss is the mean cross-entropy over the evaluated split: token-weighted for language
 models (every predicted token counts once), per image for classifiers, which also get the
@@ -7,21 +7,28 @@ place for every evaluation, so a sweep over λ never rebuilds the model::
 
     ev = Evaluator(a.config, fixed_batches(ds, "test", context=256))
     results = ev.evaluate_path(a.state, aligned_b.state, [0.0, 0.5, 1.0])
+    results = ev.evaluate_along(LinePath(a, aligned_b), [0.0, 0.5, 1.0])  # the same
+
+A path that is not a straight line in canonical coordinates (any :class:`InterpolationPath`,
+e.g. the stock weights averaged as loaded, :class:`glmc.api.StockPair`) is evaluated point by
+point with :meth:`Evaluator.evaluate_along`.
 
 Before any long work, :func:`load_eval_data` reads the data the way the model was trained
-(with the tokenizer saved beside the model) and :func:`check_data_fits` rejects data that the
+(with the tokenizer saved beside the model; :func:`load_pair_data` for a pair, with the split
+the models were trained on) and :func:`check_data_fits` rejects data that the
 model cannot take (wrong task, vocabulary, image size, channel count or context), each with one
 clear :class:`~glmc.errors.GlmcError`.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -40,8 +47,11 @@ from glmc.data import (
 )
 from glmc.data.splits import check_split
 from glmc.defaults import DEFAULT_IMAGE_BATCH, DEFAULT_TEXT_TOKENS, TEXT_LOGITS_BUDGET
-from glmc.errors import GlmcError
+from glmc.errors import GlmcError, reason
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
+
+if TYPE_CHECKING:
+    from glmc.models.model import CanonicalModel
 
 StateDict = dict[str, torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -179,6 +189,81 @@ def _load_text(data: str | Path, tokenizer: str | Tokenizer | None, source: str 
         raise
 
 
+def recorded_split_seed(model: Any) -> tuple[int, Path] | None:
+    """The image split seed in a model folder's training record and the record's path.
+
+    ``model``: a folder or a LoadedModel; its ``glmc_train.json`` (written by ``glmc train``)
+    holds ``data_seed``. None for a folder without a record, or a model made in memory.
+    """
+    from glmc.io.folders import TRAIN_FILE, LoadedModel
+
+    if isinstance(model, LoadedModel):
+        model = model.path
+    if not isinstance(model, (str, Path)) or not (Path(model) / TRAIN_FILE).is_file():
+        return None
+    path = Path(model) / TRAIN_FILE
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise GlmcError(f"{path}: not a glmc training record ({reason(e)})") from None
+    seed = record.get("data_seed") if isinstance(record, dict) else None
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise GlmcError(f"{path}: not a glmc training record (no integer data_seed)")
+    return seed, path
+
+
+def split_seed(models: Sequence[Any], data_seed: int | None = None) -> int:
+    """The seed of the image split that ``models`` were trained on, so that their test split
+    holds nothing they trained on.
+
+    It comes from the models' training records (see :func:`recorded_split_seed`), which must
+    agree; ``data_seed`` (``--data-seed``) applies only where no model holds a record, and
+    must equal a record it meets; 0 when there is neither.
+
+    Raises:
+        GlmcError: records that disagree, or a ``data_seed`` that contradicts one; the message
+            names the folders and both seeds.
+    """
+    records = [r for r in map(recorded_split_seed, models) if r is not None]
+    for seed, path in records[1:]:
+        if seed != records[0][0]:
+            first, where = records[0]
+            raise GlmcError(f"{where.parent} was trained on split seed {first}, {path.parent} "
+                            f"on {seed}; they do not share a test split")
+    if not records:
+        return 0 if data_seed is None else data_seed
+    seed, path = records[0]
+    if data_seed is not None and data_seed != seed:
+        raise GlmcError(f"--data-seed {data_seed} contradicts {path.parent}, trained on split "
+                        f"seed {seed} ({path.name}): drop --data-seed (data_seed= in Python)")
+    return seed
+
+
+def load_pair_data(
+    data: str | Path | Dataset,
+    config: CanonicalConfig,
+    models: Sequence[Any],
+    *,
+    tokenizer: str | Tokenizer | None = None,
+    data_seed: int | None = None,
+) -> tuple[Dataset, int | None]:
+    """The data a pair of models is evaluated on, and learned matching trains on.
+
+    ``data`` is read as :func:`load_eval_data` reads it (text with the tokenizer saved with
+    ``models``: folders, LoadedModels or CanonicalModels); an image dataset is split with the
+    seed the models were trained on (:func:`split_seed`, ``data_seed`` where they hold no
+    record). Text splits are contiguous: text ignores data seeds.
+
+    Returns:
+        (dataset, the split seed used; None for text or an already loaded dataset).
+    """
+    seed = None
+    if isinstance(data, (str, Path)) and config.task != "causal_lm":
+        seed = split_seed(models, data_seed)
+    ds = load_eval_data(data, config, folders=models, tokenizer=tokenizer, seed=seed or 0)
+    return ds, seed
+
+
 def check_data_fits(
     config: CanonicalConfig,
     dataset: Dataset,
@@ -269,6 +354,26 @@ def fixed_batches(
 # -- evaluation ---------------------------------------------------------------------------
 
 
+class InterpolationPath(Protocol):
+    """A path between two models: ``model_at(λ)`` is θ(λ) in canonical form (λ = 1 is A,
+    λ = 0 is B), for any λ in [0, 1]."""
+
+    def model_at(self, lam: float) -> CanonicalModel: ...
+
+
+@dataclass(frozen=True)
+class LinePath:
+    """θ(λ) = λ·a + (1 − λ)·b in canonical coordinates (a and b of the same shapes)."""
+
+    a: CanonicalModel
+    b: CanonicalModel
+
+    def model_at(self, lam: float) -> CanonicalModel:
+        from glmc.api import interpolate
+
+        return self.a.with_state(interpolate(self.a.state, self.b.state, lam))
+
+
 class Evaluator:
     """One module of ``config`` and fixed batches; evaluates state dicts by swapping weights.
 
@@ -294,6 +399,7 @@ class Evaluator:
         self.batches = [(x.to(self.device, dtype) if x.is_floating_point() else
                          x.to(self.device), y.to(self.device)) for x, y in batches]
         self.count = sum(y.numel() for _, y in self.batches)
+        self._others: list[Evaluator] = []  # modules of other configs (see evaluate_along)
 
     def prepare(self, state: Mapping[str, torch.Tensor]) -> StateDict:
         """``state`` on the evaluator's device and dtype, checked against the module."""
@@ -371,6 +477,40 @@ class Evaluator:
                 progress(i + 1, len(lambdas))
         return results
 
+    def evaluate_along(
+        self,
+        path: InterpolationPath,
+        lambdas: Sequence[float],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[EvalResult]:
+        """Evaluate ``path`` at every λ; progress(done, total) after each point.
+
+        A :class:`LinePath` is interpolated in place in the module (:meth:`evaluate_path`);
+        any other path gives θ(λ) point by point. A θ(λ) whose config is not the module's
+        (e.g. a GPT-2 whose averaged final LayerNorm γ is ill conditioned at that λ takes
+        the head-bias form) is evaluated in a module of its config, built once, on the same
+        batches.
+        """
+        if isinstance(path, LinePath):
+            return self.evaluate_path(path.a.state, path.b.state, lambdas, progress)
+        results = []
+        for i, lam in enumerate(lambdas):
+            model = path.model_at(float(lam))
+            results.append(self._evaluator_for(model.config).evaluate(model.state))
+            if progress is not None:
+                progress(i + 1, len(lambdas))
+        return results
+
+    def _evaluator_for(self, config: CanonicalConfig) -> Evaluator:
+        """This evaluator when ``config`` builds its module, else one of ``config`` on its
+        batches (``source``, where a model came from, builds nothing)."""
+        for ev in (self, *self._others):
+            if config.replace(source={}) == ev.config.replace(source={}):
+                return ev
+        other = Evaluator(config, self.batches, device=self.device, dtype=self.dtype)
+        self._others.append(other)
+        return other
+
 
 def evaluate(
     model,
@@ -403,10 +543,14 @@ __all__ = [
     "DEFAULT_TEXT_TOKENS",
     "EvalResult",
     "Evaluator",
+    "InterpolationPath",
+    "LinePath",
     "check_data_fits",
     "default_batch_size",
     "evaluate",
     "fixed_batches",
     "load_eval_data",
+    "load_pair_data",
     "resolve_device",
+    "split_seed",
 ]

@@ -25,9 +25,12 @@ if TYPE_CHECKING:  # (torch and the library load when a command runs: --help sta
     from glmc.models.model import CanonicalModel
 
 
-def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel]:
+def load_pair(args: argparse.Namespace,
+              keep_stock: bool = False) -> tuple[LoadedModel, LoadedModel]:
     """Both input folders, checked to share their inputs, outputs and tokenizer; OUT must be
-    neither, and must be free (or --force), writable and have room for B's size."""
+    neither, and must be free (or --force), writable and have room for B's size.
+
+    A's stock weights are dropped unless ``keep_stock`` (B's are kept)."""
     from glmc.api import shared_tokenizer
     from glmc.io.folders import load_model
     from glmc.io.outputs import check_output, model_bytes, stored_params
@@ -37,7 +40,8 @@ def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel]:
                  inputs=(args.a, args.b))
     check_at_least(args, iters=1)
     a = load_model(args.a, allow_pickle=args.allow_pickle)
-    a.stock_state = None  # (A is needed in canonical form only)
+    if not keep_stock:
+        a.stock_state = None  # (A is needed in canonical form only)
     b = load_model(args.b, allow_pickle=args.allow_pickle)
     same_interface(a.canonical.config, b.canonical.config, f"{args.a} vs {args.b}")
     shared_tokenizer(a.canonical, b.canonical, f"{args.a} vs {args.b}")
@@ -74,7 +78,7 @@ def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel,
         state = {"barrier": "?"}
 
         def progress(it: int, obj: float) -> None:
-            bar.update(wm, completed=it, description=f"weight matching: objective {obj:.5f}")
+            bar.update(wm, completed=it, description=f"weight matching: distance {obj:.5f}")
 
         def learned_progress(step: int, loss: float, barrier: float | None) -> None:
             if barrier is not None:
@@ -87,16 +91,19 @@ def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel,
                      heads=args.heads, max_iter=args.iters, tol=args.tol,
                      weighting=args.weighting, token_counts=counts,
                      data=getattr(args, "data", None), tokenizer=getattr(args, "tokenizer", None),
-                     learned=learned, progress=progress, learned_progress=learned_progress)
+                     data_seed=args.data_seed, learned=learned, progress=progress,
+                     learned_progress=learned_progress)
 
 
 def write_output(out: str, model: CanonicalModel, stock: bool, extra: dict,
-                 transform=None) -> tuple[str, Path]:
+                 transform=None, stock_state=None) -> tuple[str, Path]:
     """Write the model folder atomically with the report (and transform) beside the weights,
-    as the library's :func:`glmc.save` does."""
+    as the library's :func:`glmc.save` does (``stock_state``: see
+    :func:`glmc.io.folders.write_model`)."""
     from glmc.io.folders import save_folder
 
-    return save_folder(out, model, stock=stock, report=extra, transform=transform), Path(out)
+    return save_folder(out, model, stock=stock, report=extra, transform=transform,
+                       stock_state=stock_state), Path(out)
 
 
 def drop_checkpoint(args: argparse.Namespace, method: str) -> None:
@@ -117,9 +124,9 @@ def reference_logits(b: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
 def summary(args: argparse.Namespace, al: Alignment) -> list[str]:
     """What the alignment did, in a line or two."""
     m = al.match
-    last = m.trace[-1]["normalized"] if m and m.trace else float("nan")
-    lines = [f"aligned {args.b} to {args.a}: {len(m.trace) if m else 0} iterations, "
-             f"objective {m.init_objective / m.norm if m and m.norm else 0:.4f} -> {last:.4f}"]
+    lines = [f"aligned {args.b} to {args.a}: {len(m.trace)} iterations, distance (relative) "
+             f"{m.to_json()['init_relative']:.4f} -> {m.relative:.4f}" if m else
+             f"aligned {args.b} to {args.a}"]
     if al.learned:
         lr = al.learned
         lines.append(f"learned matching: {lr.steps} steps, best midpoint barrier estimate "

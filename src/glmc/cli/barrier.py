@@ -41,7 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "folder; text is encoded with the models' glmc_tokenizer.json")
     p.add_argument("--align", action="append", metavar="METHOD", dest="methods",
                    help="alignment method, repeatable (available: "
-                   f"{', '.join(METHOD_NAMES)}; default: {' and '.join(DEFAULT_METHODS)})")
+                   f"{', '.join(METHOD_NAMES)}; default: {' and '.join(DEFAULT_METHODS)}). "
+                   "none: the paper's vanilla average of the stock weights as loaded (Hugging "
+                   "Face folders); canonical: averaging in canonical coordinates (after the "
+                   "exact RMSNorm rewrite), no alignment")
     p.add_argument("--points", type=int, default=11, help="λ grid size, evenly spaced in [0, 1]")
     p.add_argument("--split", choices=("train", "val", "test"), default="test",
                    help="the evaluated split")
@@ -153,10 +156,11 @@ def run(args: argparse.Namespace) -> int:
     counts = None
     if args.token_counts:
         counts = read_token_counts(args.token_counts, a.canonical.config.vocab_size)
-    # Every check on the data before any long work (run_barrier repeats them: cheap).
+    # Every check on the data before any long work (run_barrier repeats them, and reads the
+    # data again: a second or so, and the report gets the split seed it used).
     _, _, data, _ = prepare_barrier(a, b, args.data, methods=methods, split=args.split,
                                     context=args.context, tokenizer=args.tokenizer,
-                                    seed=args.seed)
+                                    data_seed=args.data_seed)
     options = AlignOptions(heads=args.heads, max_iter=args.iters, tol=args.tol,
                            weighting=args.weighting, seed=args.seed, token_counts=counts,
                            learned=learned_options(args, None))
@@ -174,10 +178,11 @@ def run(args: argparse.Namespace) -> int:
             else:
                 bar.update(tasks[method], completed=done, description=f"{method}: evaluating")
 
-        report = run_barrier(a, b, data, methods=methods, points=args.points, split=args.split,
-                             context=args.context, batch_size=args.batch_size,
-                             max_batches=args.max_batches, device=args.device, seed=args.seed,
-                             options=options, progress=progress)
+        report = run_barrier(a, b, args.data, methods=methods, points=args.points,
+                             split=args.split, context=args.context, batch_size=args.batch_size,
+                             max_batches=args.max_batches, device=args.device,
+                             tokenizer=args.tokenizer, seed=args.seed,
+                             data_seed=args.data_seed, options=options, progress=progress)
     report.data = str(args.data)
     report.warnings[:0] = tokenizer_warnings(args, a, b, data)
     for w in report.warnings:

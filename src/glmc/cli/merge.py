@@ -16,14 +16,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(
         sub, "merge",
         "Merge two models: alpha·A + (1 − alpha)·π(B), with B aligned to A first "
-        "(--align weight) or not (--align none). alpha = 1 is A.",
+        "(--align weight or learned) or not (--align none: the stock weights averaged as "
+        "loaded; --align canonical: averaged in canonical coordinates). alpha = 1 is A.",
         "glmc merge runs/gpt-a runs/gpt-b -o runs/merged --alpha 0.5 --align weight")
     p.add_argument("a", help="model folder A (alpha = 1)")
     p.add_argument("b", help="model folder B (alpha = 0)")
     add_out(p, "output folder (written atomically)")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of model A")
-    p.add_argument("--align", choices=("none", "weight", "learned"), default="weight",
-                   help="how to align B to A before averaging")
+    p.add_argument("--align", choices=("none", "canonical", "weight", "learned"),
+                   default="weight",
+                   help="how to align B to A before averaging. none: no alignment, the "
+                   "paper's vanilla average of the stock weights as loaded (Hugging Face "
+                   "folders; written as is in the stock class); canonical: no alignment, "
+                   "averaging in canonical coordinates (after the exact RMSNorm rewrite); "
+                   "weight, learned: align first")
     p.add_argument("--data", help="training data for --align learned (name or path)")
     add_tokenizer(p)
     p.add_argument("--no-stock", action="store_true",
@@ -45,19 +51,27 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    from glmc.api import interpolate, prepare_pair, write_report
+    from glmc.api import interpolate, prepare_pair, stock_pair, write_report
     from glmc.distributed import is_main
 
     if not 0.0 <= args.alpha <= 1.0:
         raise GlmcError(f"--alpha must lie in [0, 1], got {args.alpha}")
     t0 = time.perf_counter()
-    a, b = load_pair(args)
-    b.stock_state = None  # (the merge needs both in canonical form only)
+    a, b = load_pair(args, keep_stock=args.align == "none")
+    if args.align != "none":
+        b.stock_state = None  # (the merge needs both in canonical form only)
     report: dict = {"command": "merge", "a": str(args.a), "b": str(args.b),
                     "alpha": args.alpha, "align": args.align}
-    transform = None
-    if args.align == "none":
-        ca, cb = prepare_pair(a.canonical, b.canonical, args.heads)
+    transform = stock_state = None
+    if args.align == "none":  # the stock weights averaged as loaded, written as they are
+        ca, _ = prepare_pair(a, b)  # (the checks, and the shared tokenizer)
+        pair = stock_pair(a, b)
+        if not is_main():
+            return 0
+        stock_state = (pair.hf_config, pair.state_at(args.alpha))
+        merged = pair.model_at(args.alpha).with_files(ca.files)
+    elif args.align == "canonical":
+        ca, cb = prepare_pair(a, b, args.heads)
         if not is_main():
             return 0
     else:
@@ -68,9 +82,10 @@ def _run(args: argparse.Namespace) -> int:
         report |= {"residual": args.residual, "heads": args.heads,
                    "matching": al.match.to_json() if al.match else None,
                    "learned": al.learned.to_json() if al.learned else None}
-    merged = ca.with_state(interpolate(ca.state, cb.state, args.alpha))
+    if args.align != "none":
+        merged = ca.with_state(interpolate(ca.state, cb.state, args.alpha))
     fmt, out = write_output(args.out, merged.to(torch.float32), not args.no_stock, report,
-                            transform)
+                            transform, stock_state)
     report["format"] = fmt
     drop_checkpoint(args, args.align)
     report["seconds"] = round(time.perf_counter() - t0, 3)

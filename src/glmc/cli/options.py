@@ -6,7 +6,9 @@ import argparse
 from pathlib import Path
 
 from glmc.errors import GlmcError
-from glmc.matching.options import LearnedMatchingOptions
+from glmc.matching.options import WEIGHTINGS, LearnedMatchingOptions, WeightMatchingOptions
+
+WM_DEFAULTS = WeightMatchingOptions()
 
 
 def add_alignment_options(p: argparse.ArgumentParser, residual: bool = True) -> None:
@@ -19,19 +21,26 @@ def add_alignment_options(p: argparse.ArgumentParser, residual: bool = True) -> 
     g.add_argument("--heads", choices=("inner", "circuit"), default="inner",
                    help="inner: keep head_dim, align each head's inner bases (stock export); "
                    "circuit: rewrite heads as QK/OV circuits first (glmc folder)")
-    g.add_argument("--iters", type=int, default=15,
+    g.add_argument("--iters", type=int, default=WM_DEFAULTS.max_iter,
                    help="maximum weight-matching iterations")
-    g.add_argument("--tol", type=float, default=1e-5,
-                   help="stop weight matching when an iteration improves the objective by "
-                   "less (relative)")
-    g.add_argument("--weighting", choices=("sqrt", "rows", "none"), default="sqrt",
-                   help="weight of tables with rows no symmetry touches (vocabulary, positions,"
-                   " classes) in weight matching: rows^-1/2, rows^-1 or 1")
+    g.add_argument("--tol", type=float, default=WM_DEFAULTS.tol,
+                   help="stop weight matching when an iteration lowers the distance by less "
+                   "(relative)")
+    g.add_argument("--weighting", choices=WEIGHTINGS, default=WM_DEFAULTS.weighting,
+                   help="how tensors count in weight matching's distance: tensor, each by its "
+                   "mean squared difference (an embedding table as much as an MLP matrix); "
+                   "none, every entry alike")
     g.add_argument("--token-counts", metavar="FILE",
                    help="token counts (.json list or {id: count}, .npy, or text): only "
                    "vocabulary rows of seen tokens count in the matching")
     g.add_argument("--seed", type=int, default=0,
-                   help="seed of the image data split and of learned matching (data order, λ)")
+                   help="seed of learned matching (data order, λ draws); the image data split "
+                   "is the models' (see --data-seed)")
+    g.add_argument("--data-seed", type=int, default=None,
+                   help="split seed of image data for models without a training record; "
+                   "folders written by glmc train record theirs (glmc_train.json), which is "
+                   "used, and a different --data-seed is refused (default: the record's, else "
+                   "0; text ignores it)")
 
 
 def check_at_least(args: argparse.Namespace, **minimums: int) -> None:

@@ -30,6 +30,8 @@ REPORT = "glmc_report.json"
 TRANSFORM = "transform.safetensors"
 #: Files a model needs beyond its weights, carried from the input folders to the outputs.
 SIDE_FILES = ("glmc_tokenizer.json", "generation_config.json")
+#: The training record ``glmc train`` writes beside a model (its config, data seed and log).
+TRAIN_FILE = "glmc_train.json"
 
 
 @dataclass
@@ -196,22 +198,34 @@ def write_glmc(folder: Path, model: CanonicalModel) -> None:
               str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
-def write_stock(folder: Path, importer: Importer, model: CanonicalModel) -> None:
-    """Write ``model`` in its stock class (raises NotRepresentable)."""
-    hf_config, state = importer.to_stock(model)
+def write_hf(folder: Path, hf_config: Any, state: StateDict) -> None:
+    """A Hugging Face folder: ``config.json`` and ``model.safetensors`` (stock names)."""
     hf_config.save_pretrained(str(folder))
     save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"),
               metadata={"format": "pt"})
 
 
-def write_model(folder: Path, model: CanonicalModel, stock: bool = True) -> str:
+def write_stock(folder: Path, importer: Importer, model: CanonicalModel) -> None:
+    """Write ``model`` in its stock class (raises NotRepresentable)."""
+    write_hf(folder, *importer.to_stock(model))
+
+
+def write_model(folder: Path, model: CanonicalModel, stock: bool = True,
+                stock_state: tuple[Any, StateDict] | None = None) -> str:
     """Write ``model`` into an existing (temporary) folder: stock when representable, with
     the files it carries (tokenizer, generation config).
+
+    ``stock_state``: (hf_config, stock state dict) of ``model``'s function, written as is
+    instead of exporting ``model`` when ``stock`` (the vanilla average of ``glmc merge
+    --align none``: the stock weights averaged, not their canonical form exported).
 
     Returns the format written, "hf" or "glmc", and why not stock in the second case.
     """
     for name, text in model.files.items():
         (folder / name).write_text(text, encoding="utf-8")
+    if stock and stock_state is not None:
+        write_hf(folder, *stock_state)
+        return "hf"
     arch = model.config.source.get("arch")
     if stock and arch:
         try:
@@ -226,15 +240,17 @@ def write_model(folder: Path, model: CanonicalModel, stock: bool = True) -> str:
 
 
 def save_folder(out: str | Path, model: CanonicalModel, *, stock: bool = True,
-                report: dict | None = None, transform: Any = None) -> str:
-    """Write ``out`` atomically: the model (see :func:`write_model`), the transform when
-    given, and ``glmc_report.json`` (``report`` plus the format written).
+                report: dict | None = None, transform: Any = None,
+                stock_state: tuple[Any, StateDict] | None = None) -> str:
+    """Write ``out`` atomically: the model (see :func:`write_model`, also for
+    ``stock_state``), the transform when given, and ``glmc_report.json`` (``report`` plus the
+    format written).
 
     Returns the format written (see :func:`write_model`). A failed write (disk full) is a
     GlmcError and leaves any earlier ``out`` as it was.
     """
     with output_errors(out), atomic_dir(out) as tmp:
-        fmt = write_model(tmp, model, stock=stock)
+        fmt = write_model(tmp, model, stock=stock, stock_state=stock_state)
         if transform is not None:
             transform.save(tmp / TRANSFORM)
         write_json(tmp / REPORT, {"format": fmt, **(report or {})})

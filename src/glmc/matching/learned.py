@@ -1,10 +1,15 @@
-"""Learned matching (DESIGN.md §6): train the alignment against the task loss on the path.
+"""Learned matching: train the alignment against the task loss on the path.
 
-Both models are frozen; only one latent per space trains (see ``parametrize``). Each step
-samples λ, builds θ(λ) = λ·θ_A + (1 − λ)·π(θ_B) functionally (torch.func.functional_call on
-one module, no surgery) and minimises the task loss on training data. AdamW with linear
-warm-up and cosine decay, gradient clipping, early stopping on the validation loss at fixed
-λs, the best latents kept. Runs data-parallel under torchrun: each rank takes a shard of the
+Both models are frozen; only one latent per space trains (see ``parametrize``): the residual
+map, every permutation (straight-through) and the heads' inner maps. Each step samples λ,
+builds θ(λ) = λ·θ_A + (1 − λ)·π(θ_B) functionally (torch.func.functional_call on one module,
+no surgery) and minimises the task loss on training data. AdamW with linear warm-up and
+cosine decay, gradient clipping, early stopping on the validation loss at fixed λs.
+
+The start (weight matching's solution) is evaluated first and is the best so far, so the
+result is never worse than it on validation; what is returned is exactly what was evaluated
+(a head reassigned during training gets its inner maps aligned afresh at once, and they go on
+training from there). Runs data-parallel under torchrun: each rank takes a shard of the
 global batch and the latents' gradients are averaged with an all-reduce.
 """
 
@@ -13,8 +18,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -22,12 +28,18 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from glmc import distributed
-from glmc.errors import GlmcError
-from glmc.matching.options import LearnedMatchingOptions, parse_lambda
-from glmc.matching.parametrize import OrthogonalLatent, PermutationLatent, project_all
-from glmc.matching.weight import realign_inner
+from glmc.errors import GlmcError, reason
+from glmc.matching.options import LearnedMatchingOptions, WeightMatchingOptions, parse_lambda
+from glmc.matching.parametrize import (
+    BlockLatent,
+    OrthogonalLatent,
+    PermutationLatent,
+    project_all,
+)
+from glmc.matching.problem import Problem
+from glmc.matching.weight import inner_maps
 from glmc.models.model import CanonicalModel
-from glmc.symmetry.groups import Element, Matrix, Permutation
+from glmc.symmetry.groups import BlockMatrix, Element, Matrix, Permutation
 from glmc.symmetry.transform import Transform, apply_axes
 
 StateDict = dict[str, torch.Tensor]
@@ -37,63 +49,126 @@ StateDict = dict[str, torch.Tensor]
 class LearnedResult:
     transform: Transform
     log: list[dict] = field(default_factory=list)
+    start_val: float = math.nan  # validation loss of the start, at the eval λs
     best_val: float = math.inf
-    best_step: int = 0
+    best_step: int = 0  # 0: the start was never beaten
     steps: int = 0
     seconds: float = 0.0
-    distance: dict = field(default_factory=dict)  # from the initial (weight-matching) transform
+    distance: dict = field(default_factory=dict)  # from the start (weight matching)
     #: Validation loss on the straight line between the endpoints at the eval λs: the
     #: midpoint barrier estimate is best_val minus this.
     baseline_val: float = math.nan
 
     def to_json(self) -> dict:
-        return {"best_val": self.best_val, "best_step": self.best_step, "steps": self.steps,
+        return {"start_val": self.start_val, "best_val": self.best_val,
+                "best_step": self.best_step, "steps": self.steps,
                 "barrier_estimate": self.best_val - self.baseline_val,
+                "start_barrier_estimate": self.start_val - self.baseline_val,
                 "seconds": round(self.seconds, 3), "distance_from_init": self.distance,
                 "log": self.log}
 
 
-# -- pieces -------------------------------------------------------------------------------
+# -- the latents ----------------------------------------------------------------------------
 
 
-def _lambda_sampler(spec: str):
-    """λ ~ the distribution ``spec`` ("uniform:LO,HI" or "gaussian:MEAN,STD", clipped)."""
-    kind, lo, hi = parse_lambda(spec)
-    if kind == "uniform":
-        return lambda g: lo + (hi - lo) * float(torch.rand((), generator=g, dtype=torch.float64))
-    return lambda g: min(1.0, max(0.0, lo + hi * float(torch.randn((), generator=g,
-                                                                    dtype=torch.float64))))
+def _key(space: str) -> str:
+    return space.replace(".", "_")  # (ModuleDict keys cannot hold dots)
 
 
-def make_latents(model: CanonicalModel, init: Transform, residual: str,
-                 fix_ones: bool) -> tuple[torch.nn.ModuleDict, dict[str, Element]]:
-    """Trainable latents per space, and the spaces that stay fixed (heads' inner bases)."""
-    spec = model.spec
-    latents, fixed = {}, {}
-    for s, g in spec.spaces.items():
-        e = init.elements.get(s, g.identity())
-        role = spec.roles.get(s)
-        if role == "residual":
-            if residual == "orthogonal":
-                latents[s] = OrthogonalLatent(e, fix_ones)
-            elif residual == "permutation":
+class Latents(torch.nn.Module):
+    """One latent per space (or a fixed element where nothing trains), and the hard
+    elements they give. Head assignments that change are followed by fresh inner maps."""
+
+    def __init__(self, a: CanonicalModel, b: CanonicalModel, init: Transform, residual: str,
+                 inner: str, fix_ones: bool) -> None:
+        super().__init__()
+        spec = a.spec
+        self.spec = spec
+        self.fixed: dict[str, Element] = {}
+        lat: dict[str, torch.nn.Module] = {}
+        for s, g in spec.spaces.items():
+            e = init.elements.get(s, g.identity())
+            role = spec.roles.get(s)
+            if role == "residual" and residual == "none":
+                self.fixed[s] = e
+            elif role == "residual" and residual == "orthogonal":
+                lat[s] = OrthogonalLatent(e, fix_ones)
+            elif g.kind == "permutation" or role == "residual":
                 if not isinstance(e, Permutation):
-                    raise GlmcError("the permutation-only ablation needs a permutation start "
-                                    "(weight matching with residual=permutation)")
-                latents[s] = PermutationLatent(e)
+                    raise GlmcError(f"space {s}: the start is not a permutation (the "
+                                    "permutation-only ablation starts from weight matching "
+                                    "with residual=permutation)")
+                lat[s] = PermutationLatent(e)
+            elif isinstance(e, BlockMatrix):
+                lat[s] = BlockLatent(e, "fixed" if inner == "permutation" else inner)
             else:
-                fixed[s] = e
-        elif g.kind == "permutation":
-            if not isinstance(e, Permutation):
-                raise GlmcError(f"space {s}: expected a permutation in the initial transform")
-            latents[s] = PermutationLatent(e)
-        else:
-            fixed[s] = e
-    return torch.nn.ModuleDict({k.replace(".", "_"): v for k, v in latents.items()}), fixed
+                self.fixed[s] = e
+        self.latents = torch.nn.ModuleDict({_key(s): m for s, m in lat.items()})
+        self.space_of = {_key(s): s for s in lat}
+        # Heads whose inner maps were aligned for their current assignment.
+        self.problem = Problem(a, b, WeightMatchingOptions(inner=inner))
+        self.aligned_for = {u: init.elements[u].perm.clone() for u in self.problem.inner_of
+                            if u in init.elements}
+
+    def __getitem__(self, space: str) -> torch.nn.Module:
+        return self.latents[_key(space)]
+
+    def elements(self) -> dict[str, Element]:
+        """Differentiable elements (for the path)."""
+        els = dict(self.fixed)
+        for key, lat in self.latents.items():
+            s = self.space_of[key]
+            if isinstance(lat, BlockLatent):
+                els[s] = BlockMatrix(lat.blocks(), orthogonal=lat.kind != "invertible")
+            else:
+                els[s] = Matrix(lat.matrix(), orthogonal=True)
+        return els
+
+    def hard(self) -> dict[str, Element]:
+        """The group elements as they stand (no gradient)."""
+        els = dict(self.fixed)
+        for key, lat in self.latents.items():
+            els[self.space_of[key]] = lat.element()
+        return els
+
+    def project(self, pool: ThreadPoolExecutor | None) -> list[torch.nn.Parameter]:
+        """Hard assignments of every permutation; heads reassigned get their inner maps
+        aligned afresh. Returns the parameters reset (their optimiser state is stale)."""
+        project_all(self.latents, pool)
+        reset = []
+        for unit, was in self.aligned_for.items():
+            now = self[unit].perm
+            if torch.equal(now, was):
+                continue
+            fresh = inner_maps(self.problem, unit, self.hard())
+            for s in self.problem.inner_of[unit]:
+                self[s].reset(fresh[s])
+                if isinstance(self[s].w, torch.nn.Parameter):
+                    reset.append(self[s].w)
+            self.aligned_for[unit] = now.clone()
+        return reset
+
+    def transform(self) -> Transform:
+        return Transform(self.hard())
+
+    def snapshot(self) -> dict:
+        """Everything the latents are, to restore exactly (the best so far, checkpoints)."""
+        return {"state": {k: v.detach().clone() for k, v in self.state_dict().items()},
+                "aligned_for": {k: v.clone() for k, v in self.aligned_for.items()}}
+
+    def restore(self, snap: dict, where: str = "") -> None:
+        mine = self.state_dict()
+        theirs = snap["state"]
+        for k, v in mine.items():
+            if k not in theirs or tuple(theirs[k].shape) != tuple(v.shape):
+                got = list(theirs[k].shape) if k in theirs else "nothing"
+                raise GlmcError(f"{where}: latent {k} has shape {got}, these models need "
+                                f"{list(v.shape)} (a checkpoint of other models?)")
+        self.load_state_dict(theirs)
+        self.aligned_for = {k: v.clone() for k, v in snap["aligned_for"].items()}
 
 
-def _names(spec_spaces) -> dict[str, str]:
-    return {k.replace(".", "_"): k for k in spec_spaces}
+# -- the path ------------------------------------------------------------------------------
 
 
 def task_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -104,25 +179,18 @@ def task_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 class PathModel:
     """θ(λ) = λ·θ_A + (1 − λ)·π(θ_B) evaluated with one module, π from the latents."""
 
-    def __init__(self, a: CanonicalModel, b: CanonicalModel, latents: torch.nn.ModuleDict,
-                 fixed: dict[str, Element], dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, a: CanonicalModel, b: CanonicalModel, latents: Latents,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.spec = a.spec
         self.a = {k: v.to(dtype) for k, v in a.state.items()}
         self.b = {k: v.to(dtype) for k, v in b.state.items()}
         self.module = a.module(dtype)
         for p in self.module.parameters():
             p.requires_grad_(False)
-        self.latents, self.fixed = latents, fixed
-        self.space_of = _names(self.spec.spaces)
-
-    def elements(self) -> dict[str, Element]:
-        els = dict(self.fixed)
-        for key, lat in self.latents.items():
-            els[self.space_of[key]] = Matrix(lat.matrix(), orthogonal=True)
-        return els
+        self.latents = latents
 
     def state(self, lam: float) -> StateDict:
-        els = self.elements()
+        els = self.latents.elements()
         out = {}
         for n, xa in self.a.items():
             tags = self.spec.axes.get(n)
@@ -134,36 +202,126 @@ class PathModel:
         state = self.state(lam)
         return task_loss(functional_call(self.module, state, (_cast(x, state),)), y)
 
+    @torch.no_grad()
+    def evaluate(self, batches: list, lambdas: tuple[float, ...]) -> float:
+        """Mean loss over ``batches`` and ``lambdas``."""
+        total = 0.0
+        for lam in lambdas:
+            total += sum(float(self.loss(lam, x, y)) for x, y in batches) / len(batches)
+        return total / len(lambdas)
+
 
 def _cast(x: torch.Tensor, state: StateDict) -> torch.Tensor:
     """Images in the models' dtype (token ids stay integers)."""
     return x.to(next(iter(state.values())).dtype) if x.is_floating_point() else x
 
 
-def _save(path: Path, payload: dict) -> None:
-    from glmc.io.atomic import atomic_path
-
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
-
-
 def distance(init: Transform, learned: Transform) -> dict:
-    """How far learned matching moved from its start: units reassigned, rotation angles."""
+    """How far learned matching moved from its start, per space: the fraction of units (or
+    heads) reassigned; for the residual map ‖O − O₀‖_F and its rotation angles; for inner
+    maps ‖M − M₀‖_F / ‖M₀‖_F."""
     out = {}
     for s, e in learned.elements.items():
         e0 = init.elements.get(s)
         if isinstance(e, Permutation) and isinstance(e0, Permutation):
-            out[s] = {"changed": int((e.perm != e0.perm).sum()), "of": e.perm.numel()}
+            changed = int((e.perm != e0.perm).sum())
+            out[s] = {"changed": changed, "of": e.perm.numel(),
+                      "fraction": changed / e.perm.numel()}
         elif isinstance(e, Matrix) and e0 is not None:
-            r = e.matrix(torch.float64) @ e0.matrix(torch.float64).T
-            angles = torch.linalg.eigvals(r).angle().abs().rad2deg()
-            out[s] = {"max_angle_deg": float(angles.max()), "mean_angle_deg": float(angles.mean()),
-                      "frobenius": float(torch.linalg.matrix_norm(r - torch.eye(r.shape[0],
-                                                                        dtype=r.dtype)))}
+            m, m0 = e.matrix(torch.float64), e0.matrix(torch.float64)
+            angles = torch.linalg.eigvals(m @ m0.T).angle().abs().rad2deg()
+            out[s] = {"frobenius": float(torch.linalg.matrix_norm(m - m0)),
+                      "max_angle_deg": float(angles.max()),
+                      "mean_angle_deg": float(angles.mean())}
+        elif isinstance(e, BlockMatrix) and isinstance(e0, BlockMatrix):
+            b, b0 = e.blocks.double(), e0.blocks.double()
+            out[s] = {"relative": float((b - b0).norm() / b0.norm().clamp_min(1e-30))}
     return out
 
 
-# -- the loop -----------------------------------------------------------------------------
+# -- the run ---------------------------------------------------------------------------------
+
+
+def _lambda_sampler(spec: str) -> Callable[[torch.Generator], float]:
+    """λ ~ the distribution ``spec`` ("uniform:LO,HI" or "gaussian:MEAN,STD", clipped)."""
+    kind, lo, hi = parse_lambda(spec)
+    if kind == "uniform":
+        return lambda g: lo + (hi - lo) * float(torch.rand((), generator=g, dtype=torch.float64))
+    return lambda g: min(1.0, max(0.0, lo + hi * float(torch.randn((), generator=g,
+                                                                    dtype=torch.float64))))
+
+
+def _schedule(opts: LearnedMatchingOptions) -> Callable[[int], float]:
+    """Linear warm-up, then cosine decay towards 0 over the remaining steps."""
+    def factor(step: int) -> float:
+        if step < opts.warmup:
+            return (step + 1) / opts.warmup
+        t = (step - opts.warmup) / max(1, opts.steps - opts.warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+    return factor
+
+
+@dataclass
+class _Run:
+    """Everything a step reads and a checkpoint keeps."""
+
+    latents: Latents
+    optim: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    data_gen: torch.Generator
+    lam_gen: torch.Generator
+    best: dict
+    result: LearnedResult
+    step: int = 0
+    bad: int = 0
+
+    def save(self, path: Path, opts: LearnedMatchingOptions) -> None:
+        from glmc.io.atomic import atomic_path
+
+        payload = {"latents": self.latents.snapshot(), "optim": self.optim.state_dict(),
+                   "sched": self.sched.state_dict(), "data_gen": self.data_gen.get_state(),
+                   "lam_gen": self.lam_gen.get_state(), "best": self.best, "step": self.step,
+                   "start_val": self.result.start_val, "best_val": self.result.best_val,
+                   "best_step": self.result.best_step, "bad": self.bad,
+                   "log": self.result.log, "options": _comparable(opts)}
+        with atomic_path(path) as tmp:
+            torch.save(payload, tmp)
+
+    def resume(self, st: dict, where: str) -> None:
+        self.latents.restore(st["latents"], where)
+        self.optim.load_state_dict(st["optim"])
+        self.sched.load_state_dict(st["sched"])
+        self.data_gen.set_state(st["data_gen"])
+        self.lam_gen.set_state(st["lam_gen"])
+        self.best, self.step, self.bad = st["best"], st["step"], st["bad"]
+        r = self.result
+        r.start_val, r.best_val, r.best_step = st["start_val"], st["best_val"], st["best_step"]
+        r.log = st["log"]
+
+
+def _read_checkpoint(ckpt: Path | None, opts: LearnedMatchingOptions) -> dict | None:
+    """Rank 0's checkpoint on every rank (only rank 0 writes them, so on several machines
+    only its own may hold one); None when there is none to resume."""
+    st = None
+    if distributed.rank() == 0 and opts.resume and ckpt is not None and ckpt.is_file():
+        try:
+            st = torch.load(ckpt, weights_only=True)
+            if not isinstance(st, dict):
+                raise ValueError("not a learned-matching checkpoint")
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it, not wait
+            st = {"error": f"{ckpt}: cannot read the checkpoint ({reason(e)}); start without "
+                           "--resume"}
+    st = distributed.from_main(st)
+    if st is not None:
+        if "error" in st:
+            raise GlmcError(st["error"])
+        if st.get("options") != _comparable(opts):
+            raise GlmcError(f"{ckpt}: checkpoint was written with other options; start "
+                            "without --resume or use the same options")
+        if "latents" not in st:
+            raise GlmcError(f"{ckpt}: not a learned-matching checkpoint; start without "
+                            "--resume")
+    return st
 
 
 def learned_matching(
@@ -174,149 +332,127 @@ def learned_matching(
     opts: LearnedMatchingOptions | None = None,
     fix_ones: bool = True,
     progress=None,
+    inner: str | None = None,
 ) -> LearnedResult:
     """Refine ``init`` (π with π(B) ≈ A, e.g. from weight matching) against the task loss.
 
     data: a glmc.data TextDataset or ImageDataset that fits the models.
+    inner: the heads' inner maps: "invertible" (trained), "orthogonal" (trained), or
+    "permutation" (kept; re-solved when heads are reassigned); None: "permutation" with a
+    permutation residual map, else "invertible".
     progress: optional callable(step, loss, barrier estimate or None): the validation loss
     at the eval λs minus the endpoints' loss interpolated linearly (a barrier estimate).
     """
     opts = opts or LearnedMatchingOptions()
+    inner = inner or ("permutation" if opts.residual == "permutation" else "invertible")
     rank, world = distributed.rank(), distributed.world_size()
     if opts.batch_size % world:
         raise GlmcError(f"batch size {opts.batch_size} does not split over {world} processes")
-    sample_lam = _lambda_sampler(opts.lam)
-    latents, fixed = make_latents(a, init, opts.residual, fix_ones)
     if opts.dtype not in ("float32", "float64"):
         raise GlmcError(f"dtype must be float32 or float64, got {opts.dtype!r}")
-    path = PathModel(a, b, latents, fixed, getattr(torch, opts.dtype))
-    params = [p for p in latents.parameters()]
+    sample_lam = _lambda_sampler(opts.lam)
+    latents = Latents(a, b, init, opts.residual, inner, fix_ones)
+    params = list(latents.parameters())
     if not params:
         raise GlmcError("nothing to learn: the spec has no permutation or residual space")
-    optim = torch.optim.AdamW(params, lr=opts.lr, weight_decay=opts.weight_decay)
-
-    def schedule(step: int) -> float:
-        if step < opts.warmup:
-            return (step + 1) / opts.warmup
-        t = (step - opts.warmup) / max(1, opts.steps - opts.warmup)
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, schedule)
-    data_gen = torch.Generator().manual_seed(opts.seed)
-    lam_gen = torch.Generator().manual_seed(opts.seed + 1)
+    path = PathModel(a, b, latents, getattr(torch, opts.dtype))
     context = opts.context or (a.config.n_positions if a.config.task == "causal_lm" else None)
-    val_batches = list(_take(data.eval_batches("val", opts.batch_size, context),
-                             opts.eval_batches))
+    val_batches = _take(data.eval_batches("val", opts.batch_size, context), opts.eval_batches)
     if not val_batches:
         raise GlmcError(f"dataset '{data.name}': the validation split is too small for one "
                         f"batch (context {context})")
-    result = LearnedResult(transform=init)
-    best = {k: v.detach().clone() for k, v in latents.state_dict().items()}
-    start_step, bad_evals = 0, 0
+    optim = torch.optim.AdamW(params, lr=opts.lr, weight_decay=opts.weight_decay)
+    run = _Run(latents, optim, torch.optim.lr_scheduler.LambdaLR(optim, _schedule(opts)),
+               torch.Generator().manual_seed(opts.seed),
+               torch.Generator().manual_seed(opts.seed + 1), latents.snapshot(),
+               LearnedResult(transform=init))
     ckpt = Path(opts.checkpoint) if opts.checkpoint else None
-    st = None
-    if rank == 0 and opts.resume and ckpt is not None and ckpt.is_file():
-        try:
-            st = torch.load(ckpt, weights_only=True)
-        except Exception as e:  # (every rank must hear of it, not wait for the state)
-            st = {"error": f"{ckpt}: cannot read the checkpoint ({type(e).__name__}: {e}); "
-                           "start without --resume"}
-    # Only rank 0 writes checkpoints, so on several machines only its own may hold one.
-    st = distributed.from_main(st)
+    st = _read_checkpoint(ckpt, opts)
     if st is not None:
-        if "error" in st:
-            raise GlmcError(st["error"])
-        if st.get("options") != _comparable(opts):
-            raise GlmcError(f"{ckpt}: checkpoint was written with other options; "
-                            "start without --resume or use the same options")
-        latents.load_state_dict(st["latents"])
-        optim.load_state_dict(st["optim"])
-        sched.load_state_dict(st["sched"])
-        data_gen.set_state(st["data_gen"])
-        lam_gen.set_state(st["lam_gen"])
-        best, start_step = st["best"], st["step"]
-        result.best_val, result.best_step, bad_evals = st["best_val"], st["best_step"], st["bad"]
-        result.log = st["log"]
+        run.resume(st, str(ckpt))
+    result = run.result
     with torch.no_grad():  # π(B) computes B's function, so λ = 0 needs no latent
-        ends = {lam: _evaluate(path, val_batches, (lam,)) for lam in (0.0, 1.0)}
+        ends = {lam: path.evaluate(val_batches, (lam,)) for lam in (0.0, 1.0)}
+        if st is None:  # the start is the best so far: never worse than weight matching
+            result.start_val = result.best_val = path.evaluate(val_batches, opts.eval_lambdas)
     result.baseline_val = sum(lam * ends[1.0] + (1 - lam) * ends[0.0]
                               for lam in opts.eval_lambdas) / len(opts.eval_lambdas)
-    batches = data.batches("train", opts.batch_size, context, generator=data_gen)
+    batches = data.batches("train", opts.batch_size, context, generator=run.data_gen)
     t0 = time.perf_counter()
     pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
-    step = start_step
     try:
-        for step in range(start_step, opts.steps):
-            x, y = next(batches)
-            lam = sample_lam(lam_gen)
-            shard = slice(rank * len(x) // world, (rank + 1) * len(x) // world)
-            project_all(latents, pool)
-            optim.zero_grad(set_to_none=True)
-            loss = path.loss(lam, x[shard], y[shard])
-            if not torch.isfinite(loss):
-                kept = f"; the last good checkpoint {ckpt} is kept" if ckpt else ""
-                raise GlmcError(f"learned matching: loss is {float(loss)} at step {step}{kept}")
-            loss.backward()
-            if world > 1:
-                for p in params:
-                    torch.distributed.all_reduce(p.grad)
-                    p.grad /= world
-            torch.nn.utils.clip_grad_norm_(params, opts.clip)
-            optim.step()
-            sched.step()
-            row = {"step": step + 1, "loss": float(loss.detach()), "lambda": lam}
-            val = None
-            last = step + 1 == opts.steps
-            if (step + 1) % opts.eval_every == 0 or last:
-                project_all(latents, pool)
-                val = _evaluate(path, val_batches, opts.eval_lambdas)
-                row["val"] = val
-                if val < result.best_val:
-                    result.best_val, result.best_step, bad_evals = val, step + 1, 0
-                    best = {k: v.detach().clone() for k, v in latents.state_dict().items()}
-                else:
-                    bad_evals += 1
+        while run.step < opts.steps:
+            row = _train_step(run, path, next(batches), sample_lam(run.lam_gen), opts, pool,
+                              ckpt)
+            last = run.step == opts.steps
+            if run.step % opts.eval_every == 0 or last:
+                row["val"] = _validate(run, path, val_batches, opts, pool)
             result.log.append(row)
             if progress is not None and rank == 0:
-                progress(step + 1, row["loss"],
+                val = row.get("val")
+                progress(run.step, row["loss"],
                          None if val is None else val - result.baseline_val)
-            stop = opts.patience and bad_evals >= opts.patience
+            stop = bool(opts.patience) and run.bad >= opts.patience
             if ckpt is not None and rank == 0 and (
-                    (opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0)
+                    (opts.checkpoint_every and run.step % opts.checkpoint_every == 0)
                     or last or stop):
-                _save(ckpt, {"latents": latents.state_dict(), "optim": optim.state_dict(),
-                             "sched": sched.state_dict(), "data_gen": data_gen.get_state(),
-                             "lam_gen": lam_gen.get_state(), "best": best, "step": step + 1,
-                             "best_val": result.best_val, "best_step": result.best_step,
-                             "bad": bad_evals, "log": result.log,
-                             "options": _comparable(opts)})
+                run.save(ckpt, opts)
             if stop:
                 break
     finally:
         pool.shutdown()
-    latents.load_state_dict(best)
-    els = dict(fixed)
-    names = _names(a.spec.spaces)
-    for key, lat in latents.items():
-        els[names[key]] = lat.element()
-    result.transform = Transform(els)
-    moved_heads = [s for s in spaces_with_role(a, "heads")
-                   if not torch.equal(els[s].perm, init.elements[s].perm)]
-    if moved_heads:  # their inner bases were aligned to the heads they used to pair with
-        result.transform = realign_inner(a, b, result.transform, moved_heads)
+    latents.restore(run.best)
+    result.transform = latents.transform()
     result.steps = len(result.log)
     result.seconds = time.perf_counter() - t0
     result.distance = distance(init, result.transform)
     return result
 
 
-def spaces_with_role(model: CanonicalModel, role: str) -> list[str]:
-    return [s for s, r in model.spec.roles.items() if r == role]
+def _train_step(run: _Run, path: PathModel, batch: tuple, lam: float,
+                opts: LearnedMatchingOptions, pool: ThreadPoolExecutor,
+                ckpt: Path | None) -> dict:
+    """One optimiser step on this rank's shard of ``batch`` at ``lam``."""
+    rank, world = distributed.rank(), distributed.world_size()
+    x, y = batch
+    shard = slice(rank * len(x) // world, (rank + 1) * len(x) // world)
+    for p in run.latents.project(pool):
+        run.optim.state.pop(p, None)
+    run.optim.zero_grad(set_to_none=True)
+    loss = path.loss(lam, x[shard], y[shard])
+    if not torch.isfinite(loss):
+        kept = f"; the last good checkpoint {ckpt} is kept" if ckpt else ""
+        raise GlmcError(f"learned matching: loss is {float(loss)} at step {run.step}{kept}")
+    loss.backward()
+    params = [p for p in run.latents.parameters() if p.grad is not None]
+    if world > 1:
+        for p in params:
+            torch.distributed.all_reduce(p.grad)
+            p.grad /= world
+    torch.nn.utils.clip_grad_norm_(params, opts.clip)
+    run.optim.step()
+    run.sched.step()
+    run.step += 1
+    return {"step": run.step, "loss": float(loss.detach()), "lambda": lam}
+
+
+def _validate(run: _Run, path: PathModel, batches: list, opts: LearnedMatchingOptions,
+              pool: ThreadPoolExecutor) -> float:
+    """Validation loss of the hard elements; keep them if they are the best so far."""
+    for p in run.latents.project(pool):
+        run.optim.state.pop(p, None)
+    val = path.evaluate(batches, opts.eval_lambdas)
+    if val < run.result.best_val:
+        run.result.best_val, run.result.best_step, run.bad = val, run.step, 0
+        run.best = run.latents.snapshot()
+    else:
+        run.bad += 1
+    return val
 
 
 def _comparable(opts: LearnedMatchingOptions) -> dict:
     """Options that must match for a resumed run to continue the same run."""
-    d = asdict(opts)
+    d = asdict(replace(opts))
     for k in ("checkpoint", "checkpoint_every", "resume"):
         d.pop(k)
     d["eval_lambdas"] = list(d["eval_lambdas"])
@@ -330,13 +466,3 @@ def _take(it, n: int) -> list:
             break
         out.append(item)
     return out
-
-
-@torch.no_grad()
-def _evaluate(path: PathModel, batches: list, lambdas: tuple[float, ...]) -> float:
-    total = 0.0
-    for lam in lambdas:
-        state = path.state(lam)
-        total += sum(float(task_loss(functional_call(path.module, state, (_cast(x, state),)), y))
-                     for x, y in batches) / len(batches)
-    return total / len(lambdas)

@@ -1,13 +1,63 @@
-"""Options of learned matching (torch-free: the command line takes its defaults from here).
-
-:mod:`glmc.matching.learned` runs it.
+"""Options of weight and learned matching (torch-free: the command line takes its defaults and
+choices from here). :mod:`glmc.matching.weight` and :mod:`glmc.matching.learned` run them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from glmc.errors import GlmcError
+
+WEIGHTINGS = ("tensor", "layer", "none")
+UNIT_COSTS = ("angle", "distance")
+INNER = ("invertible", "orthogonal", "permutation")
+INITS = ("spectral", "embeddings", "identity")
+
+
+@dataclass
+class WeightMatchingOptions:
+    residual: str = "orthogonal"  # "orthogonal" | "permutation" | "none"
+    max_iter: int = 15
+    tol: float = 1e-5  # stop when an iteration lowers the distance by less (relative)
+    #: The residual map's start: "spectral" (Gram eigenbases matched), "embeddings"
+    #: (Procrustes on the tensors only the stream touches: embeddings, unembedding, residual
+    #: biases) or "identity"
+    init: str = "spectral"
+    #: "tensor": w_t = 1/entries (every tensor counts by its mean squared difference);
+    #: "none": every entry counts the same (large tensors dominate)
+    weighting: str = "tensor"
+    #: How a permutation unit (an MLP's hidden units) is assigned: "angle", by the distance
+    #: between its units' normalised weight vectors (all of a unit's rows and columns,
+    #: concatenated), or "distance", by the squared distance (the objective's own term). The
+    #: angle is scale-free and robust to a few poorly matched units; it leaves markedly lower
+    #: barriers on independently trained pairs (benchmarks/README.md).
+    unit_cost: str = "angle"
+    #: The heads' inner maps: "invertible" (GL per head: the full symmetry) or "permutation"
+    #: (head dimensions permuted: the permutation-only ablation). None: "permutation" when the
+    #: residual map is a permutation, else "invertible".
+    inner: str | None = None
+    #: Keep the residual map fixing the all-ones direction (exportable to LayerNorm models);
+    #: None: when both models are centred (every residual writer mean-zero).
+    fix_ones: bool | None = None
+    #: Per parameter: (axis, boolean mask) of the rows that count (e.g. tokens seen).
+    row_masks: dict[str, tuple[int, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for value, choices, what in ((self.residual, ("orthogonal", "permutation", "none"),
+                                      "residual mode"),
+                                     (self.weighting, WEIGHTINGS, "weighting"),
+                                     (self.unit_cost, UNIT_COSTS, "unit cost"),
+                                     (self.init, INITS, "init")):
+            if value not in choices:
+                raise GlmcError(f"unknown {what} {value!r} (one of {', '.join(choices)})")
+        if self.inner is None:
+            self.inner = "permutation" if self.residual == "permutation" else "invertible"
+        if self.inner not in INNER:
+            raise GlmcError(f"unknown inner maps {self.inner!r} (one of {', '.join(INNER)})")
+        if self.max_iter < 1:
+            raise GlmcError(f"weight matching needs at least 1 iteration, got {self.max_iter}")
+
 
 
 @dataclass

@@ -7,6 +7,10 @@
   every W, equal to O₀ (the weight-matching solution) at W = 0, and smooth there. (The polar
   factor of a latent near O₀ has all singular values equal to one, where the SVD's gradient
   divides by σᵢ² − σⱼ² = 0; the Cayley map has no such point near the start.)
+- a head's inner maps (block-diagonal): M = M₀·(I + W) per head, invertible near W = 0 (the
+  full group: GL per head); M₀·cayley(W) for the orthogonal subgroup; or fixed (permutations
+  of the head dimensions, the permutation-only ablation). M₀ is re-set when the heads they
+  belong to are reassigned (``reset``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from glmc.matching.solvers import assignment
-from glmc.symmetry.groups import Element, Matrix, Permutation
+from glmc.symmetry.groups import BlockMatrix, Element, Matrix, Permutation
 
 
 class PermutationLatent(torch.nn.Module):
@@ -67,13 +71,55 @@ class OrthogonalLatent(torch.nn.Module):
         pass
 
     def matrix(self) -> torch.Tensor:
-        a = self.c @ ((self.w - self.w.T) / 2) @ self.c
-        eye = torch.eye(a.shape[0], dtype=a.dtype)
-        return self.o0 @ torch.linalg.solve(eye + a, eye - a)  # (I + A)⁻¹(I − A), orthogonal
+        return self.o0 @ cayley(self.c @ ((self.w - self.w.T) / 2) @ self.c)
 
     def element(self) -> Element:
         with torch.no_grad():
             return Matrix(self.matrix().clone(), orthogonal=True)
+
+
+def cayley(a: torch.Tensor) -> torch.Tensor:
+    """(I + A)⁻¹(I − A) for skew A (..., n, n): orthogonal, the identity at A = 0."""
+    eye = torch.eye(a.shape[-1], dtype=a.dtype).expand_as(a)
+    return torch.linalg.solve(eye + a, eye - a)
+
+
+class BlockLatent(torch.nn.Module):
+    """Inner maps of the heads (H, k, k): M₀·(I + W) ("invertible"), M₀·cayley(W)
+    ("orthogonal"), or M₀ itself ("fixed")."""
+
+    def __init__(self, init: BlockMatrix, kind: str) -> None:
+        super().__init__()
+        if kind not in ("invertible", "orthogonal", "fixed"):
+            raise ValueError(f"unknown inner latent {kind!r}")
+        self.kind = kind
+        blocks = init.blocks.double()
+        self.register_buffer("m0", blocks.clone())
+        w = torch.zeros_like(blocks)
+        if kind == "fixed":
+            self.register_buffer("w", w)
+        else:
+            self.w = torch.nn.Parameter(w)
+
+    def project(self) -> None:
+        pass
+
+    def blocks(self) -> torch.Tensor:
+        if self.kind == "fixed":
+            return self.m0
+        if self.kind == "orthogonal":
+            return self.m0 @ cayley((self.w - self.w.mT) / 2)
+        return self.m0 + self.m0 @ self.w
+
+    def reset(self, init: BlockMatrix) -> None:
+        """Start afresh from ``init`` (the heads were reassigned)."""
+        with torch.no_grad():
+            self.m0.copy_(init.blocks.double())
+            self.w.zero_()
+
+    def element(self) -> Element:
+        with torch.no_grad():
+            return BlockMatrix(self.blocks().clone(), orthogonal=self.kind != "invertible")
 
 
 def project_all(latents: dict[str, torch.nn.Module], pool: ThreadPoolExecutor | None) -> None:

@@ -1,16 +1,26 @@
-"""The weight-matching problem: weighted models, the spec's units, the objective's terms,
-and each unit's step (an assignment problem and how its solution becomes group elements)."""
+"""The weight-matching problem: weighted models, the spec's units, the distance's terms, and
+each unit's step (an assignment problem and how its solution becomes group elements).
+
+The objective is the distance of what the merge interpolates::
+
+    D(π) = Σ_t w_t ‖A_t − π(B)_t‖²,   w_t = 1 / (entries of t)      (weighting "tensor")
+
+so every tensor counts by its mean squared difference, whatever its size (an embedding table of
+50k rows counts as much as one MLP matrix; the paper's code weighs its blocks the same way).
+"""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from glmc.errors import GlmcError
-from glmc.matching.solvers import align_inner, balancing_map
+from glmc.matching.options import WEIGHTINGS, WeightMatchingOptions
+from glmc.matching.solvers import assignment, balancing_map, polar
 from glmc.models.model import CanonicalModel
 from glmc.symmetry.groups import BlockMatrix, Element, Permutation
 from glmc.symmetry.spec import SymmetrySpec
@@ -18,57 +28,50 @@ from glmc.symmetry.transform import apply_axes, nested_pairs
 
 StateDict = dict[str, torch.Tensor]
 
+__all__ = ["WEIGHTINGS", "Problem", "WeightMatchingOptions", "check_pair", "cross",
+           "propose_heads", "propose_permutation"]
 
-@dataclass
-class WeightMatchingOptions:
-    residual: str = "orthogonal"  # "orthogonal" | "permutation" | "none"
-    max_iter: int = 15
-    tol: float = 1e-5  # stop when an iteration improves the objective by less (relative)
-    init: str = "spectral"  # "spectral" | "identity": the residual map's starting point
-    weighting: str = "sqrt"  # tables weighted by rows^-1/2 ("sqrt"), rows^-1 ("rows"), "none"
-    #: Keep the residual map fixing the all-ones direction (exportable to LayerNorm models);
-    #: None: when both models are centred (every residual writer mean-zero).
-    fix_ones: bool | None = None
-    #: Per parameter: (axis, boolean mask) of the rows that count (e.g. tokens seen).
-    row_masks: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)
+def check_pair(a: CanonicalModel, b: CanonicalModel, where: str = "") -> None:
+    """Same parameters with the same shapes, all finite (clear errors otherwise).
 
-
-def check_pair(a: CanonicalModel, b: CanonicalModel) -> None:
-    """Same parameters with the same shapes, all finite (clear errors otherwise)."""
+    where: how to name the pair in messages (e.g. "runs/a vs runs/b").
+    """
+    at = f"{where}: " if where else ""
     for name, ta in a.state.items():
         if name not in b.state:
-            raise GlmcError(f"model B lacks tensor {name} (shape {list(ta.shape)} in A)")
+            raise GlmcError(f"{at}model B lacks tensor {name} (shape {list(ta.shape)} in A)")
         if ta.shape != b.state[name].shape:
-            raise GlmcError(f"tensor {name}: shape {list(ta.shape)} in A, "
+            raise GlmcError(f"{at}tensor {name}: shape {list(ta.shape)} in A, "
                             f"{list(b.state[name].shape)} in B (different sizes are not "
                             "supported yet)")
     extra = sorted(set(b.state) - set(a.state))
     if extra:
-        raise GlmcError(f"model B has tensor {extra[0]} that A lacks")
+        raise GlmcError(f"{at}model B has tensor {extra[0]} that A lacks")
     for who, m in (("A", a), ("B", b)):
         for name, t in m.state.items():
             if not bool(torch.isfinite(t).all()):
-                raise GlmcError(f"model {who}: tensor {name} contains NaN or Inf")
+                raise GlmcError(f"{at}model {who}: tensor {name} contains NaN or Inf")
 
 
-WEIGHTINGS = {"sqrt": 0.5, "rows": 1.0, "none": 0.0}
-
-
-def tensor_weights(spec: SymmetrySpec, state: StateDict, scheme: str) -> dict[str, float]:
-    """w_t = r_t^(-p), r_t the rows no symmetry touches (vocabulary, positions, classes).
-
-    p = 1/2 ("sqrt"), 1 ("rows") or 0 ("none"): a 50k-token embedding table does not drown
-    the blocks, while a small one (a character vocabulary) still counts.
-    """
+def tensor_weights(spec: SymmetrySpec, state: StateDict, scheme: str,
+                   row_masks: dict[str, tuple[int, torch.Tensor]] | None = None
+                   ) -> dict[str, float]:
+    """w_t per tensor: 1/entries ("tensor"; masked rows do not count) or 1 ("none")."""
     if scheme not in WEIGHTINGS:
         raise GlmcError(f"unknown weighting {scheme!r} (one of {', '.join(WEIGHTINGS)})")
     w = {}
-    for name, tags in spec.axes.items():
-        free = 1
-        for size, tag in zip(state[name].shape, tags, strict=True):
-            if tag is None:
-                free *= size
-        w[name] = float(free) ** -WEIGHTINGS[scheme]
+    for name in spec.axes:
+        if scheme == "none":
+            w[name] = 1.0
+            continue
+        owner = name[:-len("bias")] + "weight" if name.endswith(".bias") else name
+        # ("layer": a bias counts as its layer's entries do)
+        name_for_size = owner if scheme == "layer" and owner in state else name
+        entries = state[name_for_size].numel()
+        if row_masks and name_for_size in row_masks:
+            axis, mask = row_masks[name_for_size]
+            entries = entries // state[name_for_size].shape[axis] * max(1, int(mask.sum()))
+        w[name] = 1.0 / entries
     return w
 
 
@@ -81,34 +84,34 @@ class Bundle:
     ys: list[tuple[str, int]]
 
 
-def stack(state: StateDict, parts: list[tuple[str, int]]) -> torch.Tensor:
-    return torch.cat([axis_first(state[n], ax) for n, ax in parts], dim=1)
-
-
 def axis_first(t: torch.Tensor, axis: int) -> torch.Tensor:
     """(t.shape[axis], rest): a view where the layout allows (a 2-D tensor's transpose)."""
     return t.movedim(axis, 0).reshape(t.shape[axis], -1)
 
 
-def cross_sum(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """Σ a·bᵀ over the pairs (each (n, ·) and (m, ·)): accumulated in place, never
+def cross_sum(pairs: list[tuple[torch.Tensor, torch.Tensor]],
+              scales: list[float] | None = None) -> torch.Tensor:
+    """Σ s·a·bᵀ over the pairs (each (n, ·) and (m, ·)): accumulated in place, never
     concatenated (a concatenation would copy every operand, transposed ones included)."""
     out = None
-    for a, b in pairs:
+    for i, (a, b) in enumerate(pairs):
+        s = 1.0 if scales is None else scales[i]
         if out is None:
             out = a @ b.T
+            if s != 1.0:
+                out.mul_(s)
         else:
-            out.addmm_(a, b.T)
+            out.addmm_(a, b.T, alpha=s)
     return out
 
 
 class Problem:
-    """Weighted A and B, the spec's units, and the objective's terms."""
+    """Weighted A and B (each tensor times √w_t), the spec's units, and the distance's terms."""
 
     def __init__(self, a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions):
         spec = a.spec
         self.spec, self.opts = spec, opts
-        w = tensor_weights(spec, a.state, opts.weighting)
+        self.w = tensor_weights(spec, a.state, opts.weighting, opts.row_masks)
         self.A: StateDict = {}
         self.B: StateDict = {}
         for name in spec.axes:
@@ -119,12 +122,17 @@ class Problem:
                 shape[axis] = -1
                 m = mask.reshape(shape).to(sa.dtype)
                 sa, sb = sa * m, sb * m
-            scale = w[name] ** 0.5
-            if scale != 1.0:  # (no copy of the blocks: they keep weight 1)
+            scale = self.w[name] ** 0.5
+            if scale != 1.0:
                 sa, sb = sa * scale, sb * scale
             self.A[name], self.B[name] = sa, sb
+        # ‖A_t‖², ‖B_t‖² (weighted): a tensor moved by permutations and orthogonal maps keeps
+        # its norm, so its distance term is ‖A‖² + ‖B‖² − 2⟨A, π(B)⟩.
+        self.sq_a = {n: float(t.double().pow(2).sum()) for n, t in self.A.items()}
+        self.sq_b = {n: float(t.double().pow(2).sum()) for n, t in self.B.items()}
         self.dtype = next(iter(self.A.values())).dtype
         self._balance: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._unit_norms: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         nested = nested_pairs(spec)
         self.inner_of: dict[str, list[str]] = defaultdict(list)
         for inner, outer in sorted(nested):
@@ -135,10 +143,9 @@ class Problem:
                    [(n, ax) for n, ax, v in spec.occurrences(s) if v == "in"])
             for s in sorted(inner_spaces)
         ]
-        in_bundle = {n for bd in self.bundles for n, _ in bd.xs + bd.ys}
-        self.plain = [n for n in spec.axes if n not in in_bundle]
+        self.bundled = {n for bd in self.bundles for n, _ in bd.xs + bd.ys}
         self.residual = [s for s, r in spec.roles.items() if r == "residual"]
-        if len(self.residual) > 1:  # the residual step below solves one stream
+        if len(self.residual) > 1:  # the residual step solves one stream
             raise GlmcError(f"the spec has {len(self.residual)} residual spaces; weight "
                             "matching supports one")
         self.units = [s for s, g in spec.spaces.items()
@@ -156,58 +163,26 @@ class Problem:
                     owners[n].add(u)
         self.independent = all(len(us) <= 1 for us in owners.values())
 
-    # -- objective --------------------------------------------------------------------------
-    def bundle_gram(self, bd: Bundle, sa: StateDict, sb: StateDict,
-                    diagonal: bool = False) -> torch.Tensor:
-        """(H, H) circuit inner products ⟨X_aᵢᵀ Y_aᵢ, X_bⱼᵀ Y_bⱼ⟩ between heads i of a, j of b
-        (only i = j, shape (H,), with ``diagonal``): tr(X_aᵢ X_bⱼᵀ · (Y_aᵢ Y_bⱼᵀ)ᵀ)."""
-        k = self.spec.spaces[bd.space].block
-        n = self.spec.spaces[bd.space].size
-        h = n // k
-        grams = []
-        for parts in (bd.xs, bd.ys):
-            pairs = [(axis_first(sa[t], ax), axis_first(sb[t], ax)) for t, ax in parts]
-            if diagonal:  # per head (k, k): the heads' own blocks only
-                pairs = [(a.reshape(h, k, -1), b.reshape(h, k, -1)) for a, b in pairs]
-                grams.append(sum(a @ b.mT for a, b in pairs))
-            else:
-                grams.append(cross_sum(pairs).view(h, k, h, k))
-        gx, gy = grams
-        return (gx * gy).sum((1, 2)) if diagonal else (gx * gy).sum((1, 3))
-
+    # -- the distance -------------------------------------------------------------------------
     def terms(self, bt: StateDict, names: set[str] | None = None) -> dict[str, float]:
-        """Objective terms of the transformed B ``bt`` (plain tensors and bundles)."""
+        """w_t‖A_t − π(B)_t‖² for the tensors of the transformed B ``bt`` (those in ``names``).
+
+        A tensor inside a head carries the heads' invertible inner maps, which change its norm:
+        its term is computed directly; every other one from its inner product."""
         out = {}
-        for n in self.plain:
-            if n in bt and (names is None or n in names):
-                out[n] = float((self.A[n] * bt[n]).sum())
-        for bd in self.bundles:
-            key = f"<{bd.space}>"
-            if bd.xs[0][0] in bt and (names is None or key in names):
-                out[key] = float(self.bundle_gram(bd, self.A, bt, diagonal=True).sum())
+        for n, x in bt.items():
+            if names is not None and n not in names:
+                continue
+            if n in self.bundled:
+                out[n] = float((self.A[n] - x).double().pow(2).sum())
+            else:
+                out[n] = self.sq_a[n] + self.sq_b[n] - 2 * float((self.A[n] * x).sum())
         return out
 
-    def balancing(self, bd: Bundle) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per head, the balancing maps (H, k, k) of A's and of B's own heads, computed once:
-        they depend on neither the residual map (it leaves the Grams alone) nor the others."""
-        if bd.space not in self._balance:
-            k = self.spec.spaces[bd.space].block
-            maps = []
-            for s in (self.A, self.B):
-                x, y = stack(s, bd.xs), stack(s, bd.ys)
-                h = x.shape[0] // k
-                maps.append(balancing_map(x.view(h, k, -1), y.view(h, k, -1)))
-            self._balance[bd.space] = (maps[0], maps[1])
-        return self._balance[bd.space]
-
-    def norm(self) -> float:
-        sq = {}
-        for who, s in (("a", self.A), ("b", self.B)):
-            total = sum(float(s[n].pow(2).sum()) for n in self.plain)
-            total += sum(float(self.bundle_gram(bd, s, s, diagonal=True).sum())
-                         for bd in self.bundles)
-            sq[who] = total
-        return (sq["a"] * sq["b"]) ** 0.5
+    def scale(self) -> float:
+        """Σ_t w_t(‖A_t‖² + ‖B_t‖²): the distance of two unrelated models (to read it as a
+        fraction: 0 for B = A, about 1 for unrelated weights, 2 for B = −A)."""
+        return sum(self.sq_a.values()) + sum(self.sq_b.values())
 
     def release(self, names: list[str]) -> None:
         """Drop the weighted copies of ``names`` (e.g. embedding tables whose contribution is
@@ -217,14 +192,9 @@ class Problem:
             self.B.pop(n, None)
 
     def term_names(self, space: str) -> set[str]:
-        """The objective terms that ``space`` (or the inner spaces nested in it) touches."""
-        names = set()
-        for s in [space, *self.inner_of.get(space, [])]:
-            for n, _, _ in self.spec.occurrences(s):
-                names.add(n)
-        keys = {n for n in names if n in self.plain}
-        keys |= {f"<{bd.space}>" for bd in self.bundles if {n for n, _ in bd.xs} & names}
-        return keys
+        """The tensors that ``space`` (or the inner spaces nested in it) touches."""
+        return {n for s in [space, *self.inner_of.get(space, [])]
+                for n, _, _ in self.spec.occurrences(s)}
 
     def apply(self, elements: dict[str, Element], exclude: set[str],
               names: list[str] | None = None) -> StateDict:
@@ -233,21 +203,62 @@ class Problem:
         return {n: apply_axes(self.B[n], self.spec.axes[n], use)
                 for n in (names if names is not None else self.spec.axes)}
 
+    # -- what the units' costs read -------------------------------------------------------
+    def raw(self, name: str) -> float:
+        """The factor that turns a weighted tensor back into the model's own entries."""
+        return self.w[name] ** -0.5
+
+    def unit_norms(self, space: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """‖a_i‖, ‖b_j‖ (n,) of the units' vectors (each unit's slices of every tensor it
+        touches, unweighted). Permutations and orthogonal maps of the other axes keep them,
+        so B's are computed once, in its own order."""
+        if space not in self._unit_norms:
+            out = []
+            for s in (self.A, self.B):
+                sq = None
+                for n, ax, _ in self.spec.occurrences(space):
+                    if n in s:
+                        v = axis_first(s[n], ax).double().pow(2).sum(1) * self.raw(n) ** 2
+                        sq = v if sq is None else sq + v
+                out.append(sq.sqrt().clamp_min(1e-30))
+            self._unit_norms[space] = (out[0], out[1])
+        return self._unit_norms[space]
+
+    def balancing(self, bd: Bundle) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per head, the balancing maps (H, k, k) of A's and of B's own heads (unweighted),
+        computed once: orthogonal maps of the residual stream leave the Grams alone."""
+        if bd.space not in self._balance:
+            k = self.spec.spaces[bd.space].block
+            maps = []
+            for s in (self.A, self.B):
+                x, y = self.stack(s, bd.xs), self.stack(s, bd.ys)
+                h = x.shape[0] // k
+                maps.append(balancing_map(x.view(h, k, -1), y.view(h, k, -1)))
+            self._balance[bd.space] = (maps[0], maps[1])
+        return self._balance[bd.space]
+
+    def stack(self, state: StateDict, parts: list[tuple[str, int]]) -> torch.Tensor:
+        """The parts side by side, axis first, unweighted, in float64."""
+        return torch.cat([axis_first(state[n], ax).double() * self.raw(n) for n, ax in parts],
+                         dim=1)
+
 
 # -- the units ------------------------------------------------------------------------------
 
 
-def cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> torch.Tensor:
+def cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict,
+          unweighted: bool = False) -> torch.Tensor:
     """M = Σ over (tensor, axis) of ``space``: A_axis-first · B̃_axis-firstᵀ, (n, n).
 
     ``bt`` holds B with every space but ``space`` applied (tensors it lacks are skipped).
     Where the space acts on a tensor twice (a circuit-form attention weight) the term is
     quadratic: it is linearised at the current element, applied on the other axis.
+    ``unweighted``: the models' own entries (the units' costs), not the weighted ones.
     """
     counts: dict[str, int] = defaultdict(int)
     for n, _, _ in prob.spec.occurrences(space):
         counts[n] += 1
-    pairs = []
+    pairs, scales = [], []
     for n, axis, _ in prob.spec.occurrences(space):
         if n not in bt:
             continue
@@ -255,7 +266,8 @@ def cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> t
         if counts[n] > 1:
             b = apply_axes(b, prob.spec.axes[n], {space: el[space]}, skip={(axis, space)})
         pairs.append((axis_first(prob.A[n], axis), axis_first(b, axis)))
-    return cross_sum(pairs)
+        scales.append(prob.raw(n) ** 2 if unweighted else 1.0)
+    return cross_sum(pairs, scales)
 
 
 def current_perm(el: dict[str, Element], space: str) -> torch.Tensor | None:
@@ -268,42 +280,89 @@ def current_perm(el: dict[str, Element], space: str) -> torch.Tensor | None:
 class Proposal:
     """One unit's step: an assignment problem, and how its solution becomes elements."""
 
-    cost: torch.Tensor | None  # (dropped once solved)
+    cost: torch.Tensor | None  # (n, n), maximised; dropped once solved
     current: torch.Tensor | None
     finish: Callable[[torch.Tensor], dict[str, Element]]
 
 
 def propose_permutation(prob: Problem, space: str, el: dict[str, Element],
-                         bt: StateDict) -> Proposal:
+                        bt: StateDict) -> Proposal:
+    """Units assigned by the angle between their vectors (or by the squared distance)."""
     block = prob.spec.spaces[space].block
-    return Proposal(cross(prob, space, el, bt), current_perm(el, space),
-                    lambda perm: {space: Permutation(perm, block)})
+    if prob.opts.unit_cost == "distance":
+        cost = cross(prob, space, el, bt)
+    else:  # −‖â_i − b̂_j‖ = −√(2 − 2 cos), from the unweighted cross-correlation
+        na, nb = prob.unit_norms(space)
+        cos = cross(prob, space, el, bt, unweighted=True).double() / (na[:, None] * nb[None])
+        cost = cos.mul_(-2).add_(2).clamp_(min=0).sqrt_().neg_()
+    return Proposal(cost, current_perm(el, space), lambda perm: {space: Permutation(perm, block)})
+
+
+@dataclass
+class HeadCosts:
+    """One bundle's head pairs: the inner map M[i, j] that best aligns B's head j to A's head
+    i, and what is left, dist[i, j] = ‖X_ai − M X_bj‖² + ‖Y_ai − M⁻ᵀ Y_bj‖² (unweighted)."""
+
+    maps: torch.Tensor  # (H, H, k, k)
+    dist: torch.Tensor  # (H, H)
+
+
+def head_costs(prob: Problem, bd: Bundle, bt: StateDict) -> HeadCosts:
+    """Every (A head, B head) pair of one bundle, in k × k arithmetic: the cross and Gram
+    matrices of the heads' factors are all the distance needs."""
+    k = prob.spec.spaces[bd.space].block
+    xa, ya = prob.stack(prob.A, bd.xs), prob.stack(prob.A, bd.ys)
+    xb, yb = prob.stack(bt, bd.xs), prob.stack(bt, bd.ys)
+    h = xa.shape[0] // k
+    xa, ya, xb, yb = (t.view(h, k, -1) for t in (xa, ya, xb, yb))
+    cx = torch.einsum("ikm,jlm->ijkl", xa, xb)  # X_ai X_bjᵀ
+    cy = torch.einsum("ikm,jlm->ijkl", ya, yb)
+    sq_a = (xa.pow(2).sum((1, 2)) + ya.pow(2).sum((1, 2)))[:, None]
+    if prob.opts.inner == "permutation":  # head dimensions permuted (no invertible maps)
+        s = cx + cy
+        eye = torch.eye(k, dtype=s.dtype)
+        maps = torch.stack([torch.stack([eye[assignment(s[i, j])] for j in range(h)])
+                            for i in range(h)])
+        sq_b = (xb.pow(2).sum((1, 2)) + yb.pow(2).sum((1, 2)))[None, :]
+        dist = sq_a + sq_b - 2 * (maps * s).sum((2, 3))
+        return HeadCosts(maps, dist)
+    if prob.opts.inner == "orthogonal":  # orthogonal inner maps: Procrustes, no balancing
+        s = cx + cy
+        maps = polar(s)
+        sq_b = (xb.pow(2).sum((1, 2)) + yb.pow(2).sum((1, 2)))[None, :]
+        return HeadCosts(maps, sq_a + sq_b - 2 * (maps * s).sum((2, 3)))
+    na, nb = prob.balancing(bd)
+    na_i, nb_i = torch.linalg.inv(na), torch.linalg.inv(nb)
+    # Balanced factors of a head are unique up to an orthogonal map: Procrustes between them.
+    r = polar(na[:, None] @ cx @ nb[None] + na_i[:, None] @ cy @ nb_i[None])
+    maps = na_i[:, None] @ r @ nb[None]  # M = N_a⁻¹ R N_b
+    maps_it = na[:, None] @ r @ nb_i[None]  # M⁻ᵀ (N symmetric)
+    gxb, gyb = xb @ xb.mT, yb @ yb.mT
+    dist = (sq_a - 2 * (maps * cx).sum((2, 3)) - 2 * (maps_it * cy).sum((2, 3))
+            + ((maps.mT @ maps) * gxb[None]).sum((2, 3))
+            + ((maps_it.mT @ maps_it) * gyb[None]).sum((2, 3)))
+    return HeadCosts(maps, dist)
 
 
 def propose_heads(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> Proposal:
-    """Assign heads by circuit similarity, then align each matched head's inner bases."""
+    """Heads assigned by what is left after aligning each pair's inner bases; then the
+    matched heads' inner maps."""
     k = prob.spec.spaces[space].block
     bundles = [bd for bd in prob.bundles if bd.space in prob.inner_of[space]]
-    cost = sum(prob.bundle_gram(bd, prob.A, bt) for bd in bundles)
+    costs = {bd.space: head_costs(prob, bd, bt) for bd in bundles}
+    total = -sum(c.dist for c in costs.values())
 
     def finish(sigma: torch.Tensor) -> dict[str, Element]:
         out: dict[str, Element] = {space: Permutation(sigma, k)}
-        inv_sigma = torch.argsort(sigma)
-        for bd in bundles:
-            group_in = prob.spec.spaces[bd.space]
-            xa, ya = stack(prob.A, bd.xs), stack(prob.A, bd.ys)
-            xb, yb = stack(bt, bd.xs), stack(bt, bd.ys)
-            h = xa.shape[0] // k
-            xa, ya, xb, yb = (t.view(h, k, -1) for t in (xa, ya, xb, yb))
-            # Block j of the inner map aligns B's head j to the head of A it is assigned to.
-            invertible = group_in.kind == "block_invertible"
-            balance = None
-            if invertible:
-                na, nb = prob.balancing(bd)
-                balance = (na[inv_sigma], nb)
-            blocks = align_inner(xa[inv_sigma], ya[inv_sigma], xb, yb, invertible=invertible,
-                                 balance=balance)
-            out[bd.space] = BlockMatrix(blocks, orthogonal=not invertible)
+        inv = torch.argsort(sigma)  # B's head j goes to A's head inv[j]
+        j = torch.arange(sigma.numel())
+        for name, c in costs.items():
+            blocks = c.maps[inv, j].to(prob.dtype)
+            out[name] = BlockMatrix(blocks.contiguous(), orthogonal=prob.opts.inner != "invertible")
         return out
 
-    return Proposal(cost, current_perm(el, space), finish)
+    return Proposal(total, current_perm(el, space), finish)
+
+
+def relative(distance: float, scale: float) -> float:
+    return distance / scale if scale > 0 else math.nan

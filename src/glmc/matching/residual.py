@@ -70,8 +70,7 @@ class ResidualCache:
         for n, _, _ in prob.spec.occurrences(space):
             if n in bt_all:
                 counts[n] += 1
-        bundled = {n for bd in prob.bundles for n, _ in bd.xs + bd.ys}
-        self.fresh = sorted(n for n in bt_all if n in bundled or counts.get(n, 0) > 1)
+        self.fresh = sorted(n for n in bt_all if n in prob.bundled or counts.get(n, 0) > 1)
         self.direct = [n for n in self.fresh if n in counts]  # its M term computed each time
         self.axis = {n: ax for n, ax, _ in prob.spec.occurrences(space)
                      if counts.get(n) == 1 and n not in self.fresh}
@@ -142,7 +141,7 @@ class ResidualCache:
                       orthogonal=True)
 
     def terms(self, t: Element, el: dict[str, Element]) -> tuple[dict[str, float], StateDict]:
-        """The objective terms under residual map ``t`` and the fresh tensors moved to it."""
+        """The distance terms under residual map ``t`` and the fresh tensors moved to it."""
         if t is el[self.space]:
             moved = {n: self.bt_all[n] for n in self.fresh}
         else:
@@ -152,8 +151,7 @@ class ResidualCache:
         out = self.prob.terms(moved)
         tm = t.matrix(torch.float64)
         for n, c in self.cross.items():
-            if n in self.prob.plain:
-                out[n] = float((tm * c).sum())
+            out[n] = self.prob.sq_a[n] + self.prob.sq_b[n] - 2 * float((tm * c).sum())
         return out, moved
 
     def moved(self, moved: StateDict, t: Element) -> None:

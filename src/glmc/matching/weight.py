@@ -1,21 +1,21 @@
-"""Weight matching (data-free): maximise Σ_t w_t·⟨A_t, π(B)_t⟩ by coordinate descent.
+"""Weight matching (data-free): minimise D(π) = Σ_t w_t·‖A_t − π(B)_t‖² by coordinate descent.
 
-Generic over the spec. Units of the descent:
+D is the distance of what the merge interpolates (see ``problem``). Generic over the spec.
+Units of the descent:
 
-- the residual space (group "orthogonal"): orthogonal Procrustes, or an assignment for the
-  permutation-only ablation;
-- every plain permutation space (MLP units, heads in circuit form): a linear assignment;
-- every block permutation with nested inner spaces (heads in head form): an assignment over
-  heads with a cost invariant to the inner maps (inner products of QK and OV circuits,
-  computed from the low-rank factors), then each matched head's inner basis.
+- the residual space (group "orthogonal"): orthogonal Procrustes, the exact minimiser of D
+  given the others; an assignment for the permutation-only ablation;
+- every plain permutation space (MLP units, heads in circuit form): a linear assignment by the
+  angle between the units' weight vectors (scale-free; see ``WeightMatchingOptions.unit_cost``);
+- every block permutation with nested inner spaces (heads in head form): for every pair of
+  heads, the inner map that best aligns them (balanced factors, then Procrustes; or a
+  permutation of the head dimensions) and the distance it leaves; an assignment over heads.
 
 In transformers the spaces other than the residual one touch only the residual space, so
 given the residual map they are independent: one iteration solves all of them (several at
 once, one per core), then the residual map. Units that share a tensor (chained layers) are
-solved one after another, each given the steps before it. Tensors inside a head contribute
-through their circuits (invariant to the inner maps); all others through their plain inner
-product. The objective never decreases: a step that would lower it is undone. The units'
-steps live in ``problem``, the residual map's in ``residual``.
+solved one after another, each given the steps before it. The trace records D after every
+iteration. The units' steps live in ``problem``, the residual map's in ``residual``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from glmc.errors import GlmcError
 from glmc.matching.problem import (
     Problem,
     StateDict,
@@ -36,11 +35,12 @@ from glmc.matching.problem import (
     check_pair,
     propose_heads,
     propose_permutation,
+    relative,
 )
 from glmc.matching.residual import ResidualCache, solo_cross, spectral_init
-from glmc.matching.solvers import assignment
+from glmc.matching.solvers import assignment, procrustes
 from glmc.models.model import CanonicalModel
-from glmc.symmetry.groups import Element, Permutation
+from glmc.symmetry.groups import Element, Matrix, Permutation
 from glmc.symmetry.transform import Transform, apply_axes, unapply_axes
 
 __all__ = ["MatchResult", "WeightMatchingOptions", "centred_pair", "check_pair",
@@ -50,16 +50,28 @@ __all__ = ["MatchResult", "WeightMatchingOptions", "centred_pair", "check_pair",
 @dataclass
 class MatchResult:
     transform: Transform
-    #: Per iteration: objective (and normalised), units solved and changed, wall seconds per
-    #: phase ("units", "residual") and the workers' seconds per kind of unit.
+    #: Per iteration: the distance D and D relative to the models' scale, units solved and
+    #: changed, wall seconds per phase ("units", "residual") and the workers' seconds per kind
+    #: of unit.
     trace: list[dict]
     converged: bool
-    init_objective: float
-    norm: float  # sqrt(‖A‖²·‖B‖²) of the weighted objective, to read it as a cosine
+    init_distance: float  # D before the first iteration (the start of the residual map)
+    scale: float  # Σ w(‖A‖² + ‖B‖²): D / scale is about 1 for unrelated weights, 0 for equal
+
+    @property
+    def distance(self) -> float:
+        return self.trace[-1]["distance"] if self.trace else self.init_distance
+
+    @property
+    def relative(self) -> float:
+        return relative(self.distance, self.scale)
 
     def to_json(self) -> dict:
         return {"iterations": len(self.trace), "converged": self.converged,
-                "init_objective": self.init_objective, "norm": self.norm, "trace": self.trace}
+                "init_distance": self.init_distance,
+                "init_relative": relative(self.init_distance, self.scale),
+                "distance": self.distance, "relative": self.relative, "scale": self.scale,
+                "trace": self.trace}
 
 
 # -- the problem ----------------------------------------------------------------------------
@@ -70,21 +82,35 @@ def centred_pair(a: CanonicalModel, b: CanonicalModel) -> bool:
     return a.uncentred_writer() is None and b.uncentred_writer() is None
 
 
+def inner_maps(prob: Problem, unit: str, el: dict[str, Element]) -> dict[str, Element]:
+    """The inner maps of ``unit``'s heads (and the unit's own element) for its assignment in
+    ``el`` and every other element there (e.g. after learned matching reassigned heads)."""
+    spec = prob.spec
+    mine = {unit, *prob.inner_of[unit]}
+    names = sorted({n for s in mine for n, _, _ in spec.occurrences(s)})
+    others = {k: e for k, e in el.items() if k not in mine}
+    bt = {n: apply_axes(prob.B[n], spec.axes[n], others) for n in names}
+    return propose_heads(prob, unit, el, bt).finish(el[unit].perm)
+
+
 def realign_inner(a: CanonicalModel, b: CanonicalModel, transform: Transform,
-                  units: list[str] | None = None) -> Transform:
-    """The heads' inner maps aligned afresh for ``transform``'s head assignment and residual
-    map (e.g. after learned matching reassigned heads); every other element is kept."""
-    prob = Problem(a, b, WeightMatchingOptions())
-    spec, el = prob.spec, dict(transform.elements)
+                  units: list[str] | None = None,
+                  opts: WeightMatchingOptions | None = None) -> Transform:
+    """The heads' inner maps aligned afresh for ``transform``'s head assignments and residual
+    map; every other element is kept."""
+    prob = Problem(a, b, opts or WeightMatchingOptions())
+    el = dict(transform.elements)
     for unit in units if units is not None else list(prob.inner_of):
-        if not prob.inner_of.get(unit):
-            continue  # (circuit form: heads without inner bases)
-        mine = {unit, *prob.inner_of[unit]}
-        names = sorted({n for s in mine for n, _, _ in spec.occurrences(s)})
-        others = {k: e for k, e in el.items() if k not in mine}
-        bt = {n: apply_axes(prob.B[n], spec.axes[n], others) for n in names}
-        el.update(propose_heads(prob, unit, el, bt).finish(el[unit].perm))
+        if prob.inner_of.get(unit):  # (circuit form: heads without inner bases)
+            el.update(inner_maps(prob, unit, el))
     return Transform(el)
+
+
+def cache_free_solve(prob: Problem, res: str, m: torch.Tensor) -> Element:
+    """The residual map maximising ⟨T, m⟩ (Procrustes, or an assignment)."""
+    if prob.opts.residual == "permutation":
+        return Permutation(assignment(m))
+    return Matrix(procrustes(m, prob.opts.fix_ones).to(prob.dtype), orthogonal=True)
 
 
 # -- the loop -------------------------------------------------------------------------------
@@ -163,15 +189,15 @@ def weight_matching(
     b: CanonicalModel,
     opts: WeightMatchingOptions | None = None,
     progress=None,
+    where: str = "",
 ) -> MatchResult:
-    """Align B to A: returns the transform π with π(B) ≈ A and the objective's trace.
+    """Align B to A: returns the transform π with π(B) ≈ A and the distance's trace.
 
-    progress: optional callable(iteration, normalised objective) called after each iteration.
+    progress: optional callable(iteration, relative distance) called after each iteration.
+    where: how to name the pair in error messages.
     """
     opts = opts or WeightMatchingOptions()
-    check_pair(a, b)
-    if opts.residual not in ("orthogonal", "permutation", "none"):
-        raise GlmcError(f"unknown residual mode {opts.residual!r}")
+    check_pair(a, b, where)
     if opts.fix_ones is None:
         opts = replace(opts, fix_ones=centred_pair(a, b))
     prob = Problem(a, b, opts)
@@ -186,15 +212,22 @@ def weight_matching(
         # through one constant cross-correlation: their term is ⟨T, A·Bᵀ⟩, never re-applied.
         solo = [n for n, _, _ in spec.occurrences(res) if spec.spaces_of(n) == {res}]
         const = solo_cross(prob, res, solo)
+        solo_sq = sum(prob.sq_a[n] + prob.sq_b[n] for n in solo)
         if opts.init == "spectral":
             el[res] = spectral_init(prob, res, const)
+        elif opts.init == "embeddings":  # the tables (and biases) only the stream touches
+            el[res] = cache_free_solve(prob, res, const)
+
+        def solo_term(t: Element) -> float:
+            return solo_sq - 2 * float((t.matrix(torch.float64) * const).sum())
+
     bt_all = prob.apply(el, set(), [n for n in spec.axes if n not in solo])
     cache = ResidualCache(prob, res, el[res], bt_all) if res is not None else None
     terms = prob.terms(bt_all)
     if res is not None:
-        terms["<solo>"] = float((el[res].matrix(torch.float64) * const).sum())
-    objective = init_objective = sum(terms.values())
-    norm = prob.norm()
+        terms["<solo>"] = solo_term(el[res])
+    distance = init_distance = sum(terms.values())
+    scale = prob.scale()
     prob.release(solo)  # (their term is ⟨T, const⟩ from here on)
     trace: list[dict] = []
     converged = False
@@ -214,7 +247,7 @@ def weight_matching(
         for it in range(opts.max_iter):
             wall: dict[str, float] = {}  # wall seconds per phase
             cpu: dict[str, float] = defaultdict(float)  # worker seconds per kind of unit
-            start = objective
+            start = distance
             due = [u for u in units if quiet[u] == 0 or (it + 1 - quiet[u]) % 3 == 0]
             full = len(due) == len(units)
             changed = 0
@@ -224,41 +257,36 @@ def weight_matching(
             for step in solved_in_order(pool, depth, prob, cache, due, el, bt_all):
                 done = step.unit
                 same = torch.equal(step.new[done].perm, el[done].perm)
-                if same or sum(step.terms.values()) >= sum(terms[k] for k in step.terms):
-                    # (Same assignment: the terms are unchanged, as circuits do not see the
-                    # inner maps, which may still move; rounding noise must not veto them.)
-                    el.update(step.new)
-                    bt_all.update(step.moved)
-                    if not same:
-                        terms.update(step.terms)
-                        changed += 1
-                        if cache is not None:
-                            cache.cross.update(step.cross)
-                    quiet[done] = (quiet[done] or it + 1) if same else 0  # 1-based
+                el.update(step.new)  # (inner maps may move when the assignment does not)
+                bt_all.update(step.moved)
+                terms.update(step.terms)
+                if not same:
+                    changed += 1
+                    if cache is not None:
+                        cache.cross.update(step.cross)
+                quiet[done] = (quiet[done] or it + 1) if same else 0  # 1-based
                 cpu[spec.roles.get(done, "permutation")] += step.seconds
             wall["units"] = time.perf_counter() - t0
-            # 2) the residual map, given all the others.
+            # 2) the residual map, given all the others: D's exact minimiser (linearised where
+            #    it acts twice on a tensor, as on circuit-form attention).
             if cache is not None:
                 t0 = time.perf_counter()
                 new_el = cache.solve(el, const)
-                new_terms, moved = cache.terms(new_el, el)
-                old_terms, _ = cache.terms(el[res], el)  # the same arithmetic, for a fair test
-                for t_el, tt in ((new_el, new_terms), (el[res], old_terms)):
-                    tt["<solo>"] = float((t_el.matrix(torch.float64) * const).sum())
-                if sum(new_terms.values()) >= sum(old_terms.values()):
-                    el[res] = new_el
-                    terms.update(new_terms)
-                    cache.moved(moved, new_el)
+                new_terms, moved = cache.terms(new_el, el)  # (moves the fresh tensors)
+                new_terms["<solo>"] = solo_term(new_el)
+                el[res] = new_el
+                terms.update(new_terms)
+                cache.moved(moved, new_el)
                 wall["residual"] = time.perf_counter() - t0
-            objective = sum(terms.values())
-            trace.append({"iteration": it + 1, "objective": objective,
-                          "normalized": objective / norm if norm else 0.0,
+            distance = sum(terms.values())
+            trace.append({"iteration": it + 1, "distance": distance,
+                          "relative": relative(distance, scale),
                           "units_solved": len(due), "units_changed": changed,
                           "seconds": {k: round(v, 4) for k, v in wall.items()},
                           "unit_seconds": {k: round(v, 4) for k, v in cpu.items()}})
             if progress is not None:
-                progress(it + 1, objective / norm if norm else 0.0)
-            if objective - start <= opts.tol * abs(start):
+                progress(it + 1, relative(distance, scale))
+            if start - distance <= opts.tol * abs(start):
                 if full and changed == 0:
                     converged = True
                     break
@@ -267,4 +295,4 @@ def weight_matching(
         pool.shutdown(cancel_futures=True)
         # (a worker's set_num_threads also sets the default of threads started later)
         torch.set_num_threads(threads)
-    return MatchResult(Transform(el), trace, converged, init_objective, norm)
+    return MatchResult(Transform(el), trace, converged, init_distance, scale)

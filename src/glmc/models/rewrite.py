@@ -1,4 +1,5 @@
-"""Function-preserving rewrites shared by importers: centring writers, folding norms."""
+"""Function-preserving rewrites shared by importers: centring writers, folding norms, and the
+attention biases the softmax does not see."""
 
 from __future__ import annotations
 
@@ -27,3 +28,18 @@ def max_mean_along(x: torch.Tensor, axis: int) -> float:
     """Largest |mean| along ``axis`` relative to the tensor's scale (0 for a centred tensor)."""
     scale = x.abs().max().clamp_min(1e-30)
     return float((x.mean(axis).abs().max() / scale).item()) if x.numel() else 0.0
+
+
+def settle_attention_biases(state: dict[str, torch.Tensor], n_layer: int) -> None:
+    """In place: every key bias zero, every value bias moved into the output bias.
+
+    A key bias adds (query)·b_k to every score of a query, the same for all keys: the softmax
+    ignores it. A value bias adds O·b_v to the output, as the attention weights sum to one. In
+    canonical form neither is a parameter to match or to interpolate (the merge would average
+    numbers the function never reads), so both become zero; the stock classes keep the slots.
+    """
+    for i in range(n_layer):
+        a = f"blocks.{i}.attn"
+        state[f"{a}.o.bias"] = state[f"{a}.o.bias"] + state[f"{a}.o.weight"] @ state[f"{a}.v.bias"]
+        state[f"{a}.k.bias"] = torch.zeros_like(state[f"{a}.k.bias"])
+        state[f"{a}.v.bias"] = torch.zeros_like(state[f"{a}.v.bias"])

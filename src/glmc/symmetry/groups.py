@@ -291,8 +291,14 @@ class Group:
 
         subgroup: for ``orthogonal``: ``"permutation"`` (a random permutation) or
         ``"fix_ones"`` (orthogonal maps that fix the all-ones direction, so that a LayerNorm
-        model stays a LayerNorm model); for ``block_invertible``: ``"orthogonal"``.
+        model stays a LayerNorm model); for ``block_invertible``: ``"orthogonal"``, or
+        ``"permutation"`` (each block a permutation: the head dimensions reordered).
         """
+        if self.kind == "block_invertible" and subgroup == "permutation":
+            eye = torch.eye(self.block, dtype=dtype)
+            blocks = [eye[torch.randperm(self.block, generator=generator)]
+                      for _ in range(self.n_blocks)]
+            return BlockMatrix(torch.stack(blocks), orthogonal=True)
         if self.kind == "permutation" or subgroup == "permutation":
             n = self.n_blocks if self.kind == "permutation" else self.size
             block = self.block if self.kind == "permutation" else 1

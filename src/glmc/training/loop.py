@@ -46,6 +46,7 @@ from transformers import (
 from glmc.data import DATASETS, Dataset, TextDataset, save_tokenizer
 from glmc.errors import GlmcError
 from glmc.io.atomic import atomic_dir, atomic_path
+from glmc.io.folders import TRAIN_FILE
 from glmc.io.outputs import (
     BYTES_PER_PARAM,
     check_free_space,
@@ -68,7 +69,6 @@ from glmc.training.config import (
     load_training_data,
 )
 
-TRAIN_FILE = "glmc_train.json"
 RECORD_FORMAT = 1
 
 StepCallback = Callable[[int, float], None]

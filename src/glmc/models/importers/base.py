@@ -46,6 +46,11 @@ class Importer:
     def to_canonical(self, hf_config: Any, state: StateDict) -> CanonicalModel:
         raise NotImplementedError
 
+    def untied(self, hf_config: Any, state: StateDict) -> tuple[Any, StateDict]:
+        """The same model with every tensor stored on its own (a tied copy made explicit,
+        the config saying so), so that it averages with an untied one; as is by default."""
+        return hf_config, state
+
     def to_stock(self, model: CanonicalModel) -> tuple[Any, StateDict]:
         """(hf_config, stock state dict); raises NotRepresentable."""
         raise NotImplementedError

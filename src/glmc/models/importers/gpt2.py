@@ -2,7 +2,8 @@
 
 Stock layout: Conv1D weights are (in, out); ``c_attn`` fuses q, k, v along its output;
 ``lm_head`` may be tied to ``wte``; ``ln_f``'s bias has no reader bias to fold into, so it
-becomes the canonical ``norm_f.bias`` (β/γ in residual coordinates).
+becomes the canonical ``norm_f.bias`` (β/γ in residual coordinates) when γ is well conditioned
+(see :data:`NORM_F_BIAS_MIN_GAMMA`), else an LM-head bias (head @ β; no stock equivalent).
 """
 
 from __future__ import annotations
@@ -23,9 +24,22 @@ from glmc.models.importers.base import (
     require_stock_form,
 )
 from glmc.models.model import CanonicalModel
-from glmc.models.rewrite import centre, fold_norm
+from glmc.models.rewrite import centre, fold_norm, settle_attention_biases
 
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers of old files
+
+#: ln_f's β stays a residual vector, ``norm_f.bias = β/γ``, only when every |γ_i| is at least
+#: this fraction of rms(γ). A smaller γ_i blows β_i/γ_i up (10⁴ times the rest for
+#: γ_i = 10⁻⁴·rms(γ)): one huge, badly conditioned coordinate that matching and interpolation
+#: then mix into well-scaled ones. Below it β goes into an LM-head bias instead (exact, but the
+#: stock lm_head has no bias, so such a model is exported as a glmc folder).
+NORM_F_BIAS_MIN_GAMMA = 1e-2
+
+
+def norm_f_bias_conditioned(gamma: torch.Tensor) -> bool:
+    """Whether β/γ is well conditioned: every |γ_i| >= NORM_F_BIAS_MIN_GAMMA·rms(γ), γ (d,)."""
+    rms = gamma.double().square().mean().sqrt()
+    return bool(rms > 0) and bool((gamma.double().abs() >= NORM_F_BIAS_MIN_GAMMA * rms).all())
 
 
 @register
@@ -52,6 +66,14 @@ class GPT2Importer(Importer):
                 k = "transformer." + k  # a GPT2Model checkpoint
             out[k] = v
         return out
+
+    def untied(self, hf_config: Any, state: StateDict) -> tuple[Any, StateDict]:
+        """A tied head becomes ``lm_head.weight``, a copy of ``wte``."""
+        if not hf_config.tie_word_embeddings:
+            return hf_config, state
+        cfg = GPT2Config.from_dict({**hf_config.to_dict(), "tie_word_embeddings": False})
+        head = state.get("lm_head.weight", state["transformer.wte.weight"])
+        return cfg, {**state, "lm_head.weight": head}
 
     def to_canonical(self, hf_config: Any, state: StateDict) -> CanonicalModel:
         c = hf_config
@@ -80,13 +102,14 @@ class GPT2Importer(Importer):
             out[f"{m}.fc.bias"] = b
             out[f"{m}.proj.weight"] = centre(s[f"{p}.mlp.c_proj.weight"].T, 0).contiguous()
             out[f"{m}.proj.bias"] = centre(s[f"{p}.mlp.c_proj.bias"], 0)
+        settle_attention_biases(out, c.n_layer)
         head = s.get("lm_head.weight", s[f"{t}.wte.weight"])
         gamma, beta = s[f"{t}.ln_f.weight"], s[f"{t}.ln_f.bias"]
         out["head.weight"] = head * gamma[None, :]
-        norm_f_bias = bool((gamma != 0).all())
+        norm_f_bias = norm_f_bias_conditioned(gamma)
         if norm_f_bias:  # keep β as a residual vector so the model stays a stock GPT-2
             out["norm_f.bias"] = beta / gamma
-        else:  # γ has zeros: β's effect can only live in the logits
+        else:  # γ has (near-)zeros: β's effect lives in the logits
             out["head.bias"] = head @ beta
         cfg = base_config(
             c, "causal_lm", d_model=d, n_layer=c.n_layer, n_head=h, head_dim=d // h,
@@ -102,7 +125,9 @@ class GPT2Importer(Importer):
         require_stock_form(model, "gpt2")
         cfg, s = model.config, model.state
         if cfg.head_bias:
-            raise NotRepresentable("GPT-2's lm_head has no bias (the final norm had γ = 0)")
+            raise NotRepresentable(
+                "GPT-2's lm_head has no bias (the final LayerNorm's γ has an entry below "
+                f"{NORM_F_BIAS_MIN_GAMMA:g}·rms(γ), so its β was folded into a head bias)")
         hf = GPT2Config.from_dict({**cfg.source["config"], "tie_word_embeddings": False})
         d, t = cfg.d_model, "transformer"
         ones, zeros = torch.ones(d, dtype=model.dtype), torch.zeros(d, dtype=model.dtype)

@@ -24,7 +24,7 @@ from glmc.models.importers.base import (
     require_stock_form,
 )
 from glmc.models.model import CanonicalModel
-from glmc.models.rewrite import centre, fold_norm
+from glmc.models.rewrite import centre, fold_norm, settle_attention_biases
 
 # transformers' save_pretrained still writes the original hub names; read both layouts.
 _ORIGINAL_NAMES = [
@@ -92,6 +92,7 @@ class ViTImporter(Importer):
             out[f"{m}.fc.weight"], out[f"{m}.fc.bias"] = centre(w, 1), b
             out[f"{m}.proj.weight"] = centre(s[f"{p}.mlp.fc2.weight"], 0)
             out[f"{m}.proj.bias"] = centre(s[f"{p}.mlp.fc2.bias"], 0)
+        settle_attention_biases(out, c.num_hidden_layers)
         w, b = fold_norm(s["classifier.weight"], s["classifier.bias"],
                          s["vit.layernorm.weight"], s["vit.layernorm.bias"])
         out["head.weight"], out["head.bias"] = centre(w, 1), b
