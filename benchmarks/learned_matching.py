@@ -11,19 +11,16 @@ building π(θ_B) and θ(λ) from the latents, and the forward/backward.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import torch
+from _common import machine, write_json
 from torch.func import functional_call
 from transformers import GPT2Config
 
-from glmc.matching.learned import PathModel, make_latents, task_loss
-from glmc.matching.parametrize import project_all
+from glmc.matching.learned import Latents, PathModel, task_loss
 from glmc.matching.weight import weight_matching
 from glmc.models.importers import IMPORTERS
 
@@ -67,15 +64,15 @@ def run(name: str, repeats: int) -> dict:
     plain = timed(train_step, repeats)
 
     init = weight_matching(a, b).transform
-    latents, fixed = make_latents(a, init, "orthogonal", fix_ones=True)
-    path = PathModel(a, b, latents, fixed)
+    latents = Latents(a, b, init, "orthogonal", "invertible", fix_ones=True)
+    path = PathModel(a, b, latents)
     lat_opt = torch.optim.AdamW(latents.parameters(), 1e-2)
     pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
     parts = {"assign": 0.0, "build": 0.0, "forward_backward": 0.0, "optimizer": 0.0}
 
     def learned_step() -> None:
         t0 = time.perf_counter()
-        project_all(latents, pool)
+        latents.project(pool)
         t1 = time.perf_counter()
         lat_opt.zero_grad(set_to_none=True)
         state = path.state(0.5)
@@ -111,11 +108,7 @@ def main() -> None:
         print(f"{r['size']:<6} {r['params'] / 1e6:6.2f}M  plain {r['plain_step_s']:.3f}s  "
               f"learned {r['learned_step_s']:.3f}s  ratio {r['ratio']:.2f}x  {r['split']}",
               flush=True)
-    machine = {"platform": platform.platform(), "processor": platform.processor(),
-               "cpus": os.cpu_count(), "python": platform.python_version()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": machine, "results": rows}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {write_json(args.out, {'machine': machine(), 'results': rows})}")
 
 
 if __name__ == "__main__":

@@ -13,14 +13,14 @@ the interpreter alone.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _common import machine, write_json
 
 CASES = {
     # name: (glmc arguments, expected exit code); None: the interpreter alone
@@ -82,14 +82,8 @@ def main() -> None:
         print(f"{name:<30} {r['median_s']:7.3f}s {r['min_s']:7.3f}s {r['max_s']:7.3f}s",
               flush=True)
     # Start-up depends on the interpreter and its site-packages as much as on the CPU.
-    report = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
-                          "cpus": os.cpu_count(), "python": platform.python_version(),
-                          "executable": sys.executable},
-              "options": vars(args), "results": rows}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    report = {"machine": machine(), "options": vars(args), "results": rows}
+    print(f"wrote {write_json(args.out, report)}")
 
 
 if __name__ == "__main__":

@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from _common import machine, write_json
 
 SIZES = {
     # name: (n_layer, n_embd, n_head, n_inner, vocab, context)
@@ -98,12 +98,8 @@ def main() -> None:
               f"total={r['total_s']:7.2f}s  per-it={r['per_iteration_s']:6.2f}s  "
               f"rss={r['peak_rss_gb']:5.2f}GB  obj {r['objective_init']:.4f}->"
               f"{r['objective_final']:.4f}  {r['phases_s']}", flush=True)
-    machine = {"platform": platform.platform(), "processor": platform.processor(),
-               "cpus": os.cpu_count(), "python": platform.python_version()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": machine, "options": vars(args),
-                                          "results": rows}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    report = {"machine": machine(), "options": vars(args), "results": rows}
+    print(f"wrote {write_json(args.out, report)}")
 
 
 if __name__ == "__main__":

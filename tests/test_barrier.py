@@ -390,8 +390,8 @@ def test_seed_changes_learned_matching_only(digits_runs, capsys):
     for seed in (0, 1):
         rc, out = _barrier_json(capsys, a, b, "--data", "digits", "--align", "weight",
                                 "--align", "learned", "--steps", "4", "--train-batch-size", "16",
-                                "--eval-every", "2", "--points", "3", "--json", "--seed",
-                                str(seed))
+                                "--eval-every", "2", "--lr", "0.1", "--points", "3", "--json",
+                                "--seed", str(seed))
         assert rc == 0, out
         runs[seed] = out
     assert runs[0]["data_seed"] == runs[1]["data_seed"] == 3

@@ -23,7 +23,7 @@ def test_demo_quick_end_to_end(h, tmp_path, capsys):
         losses_b = [m["losses"][0] for m in methods.values()]
         assert max(losses_b) - min(losses_b) < 1e-3 * max(1.0, abs(losses_b[0]))
         assert (out / f"barrier-{key}.png").stat().st_size > 10_000
-    assert "| vanilla averaging |" in (out / "report.md").read_text()
+    assert "| vanilla averaging (stock weights) |" in (out / "report.md").read_text()
     # A second run reuses the cached models instead of training again; writing into the
     # earlier output folder needs --force.
     assert main(args + ["--json", "--align", "none"]) == 2

@@ -14,7 +14,7 @@ from transformers import GPT2Config
 from glmc.api import interpolate
 from glmc.data.text import text_dataset
 from glmc.matching.learned import LearnedMatchingOptions, learned_matching, task_loss
-from glmc.matching.weight import weight_matching
+from glmc.matching.weight import WeightMatchingOptions, weight_matching
 from glmc.models.importers import IMPORTERS
 from glmc.symmetry.groups import Matrix, Permutation
 from glmc.symmetry.transform import Transform
@@ -81,7 +81,8 @@ def test_planted_pair_reaches_zero_barrier_from_a_perturbed_start(planted, data)
     a, b, wm = planted
     start = perturbed(wm)
     before = midpoint_barrier(a, b, start, data)
-    opts = LearnedMatchingOptions(steps=300, eval_every=50, lr=3e-2, patience=0)
+    opts = LearnedMatchingOptions(steps=300, eval_every=50, lr=3e-2, patience=0,
+                                  perm_lr_scale=1.0)
     result = learned_matching(a, b, data, start, opts)
     after = midpoint_barrier(a, b, result.transform, data)
     assert before > 5e-3, before  # the perturbation does cost something
@@ -298,3 +299,33 @@ def test_realign_inner_restores_the_heads_inner_bases(planted):
 
     assert dist(reset) > 1e-2
     assert dist(fixed) < 1e-3
+
+
+def test_from_the_planted_solution_permutations_stay(planted, data):
+    """Started at weight matching's exact answer, learned matching (default permutation
+    learning rate) keeps every permutation and never raises the barrier (it may go below
+    zero: on this briefly trained toy, some non-exact maps make a midpoint better than A)."""
+    a, b, wm = planted
+    opts = LearnedMatchingOptions(steps=100, eval_every=25)
+    result = learned_matching(a, b, data, wm, opts)
+    for space, e in wm.elements.items():
+        if isinstance(e, Permutation):
+            assert torch.equal(result.transform.elements[space].perm, e.perm), space
+    assert midpoint_barrier(a, b, result.transform, data) < 1e-3
+
+
+def test_permutation_only_ablation_stays_permutation_only(planted, data):
+    """residual="permutation": the residual map, heads, units and every head's dimensions stay
+    permutations (the inner maps are re-solved as permutations, never trained)."""
+    a, b, _ = planted
+    wm = weight_matching(a, b, WeightMatchingOptions(residual="permutation")).transform
+    opts = LearnedMatchingOptions(steps=20, eval_every=5, lr=3e-2, patience=0,
+                                  residual="permutation")
+    result = learned_matching(a, b, data, wm, opts)
+    for space, e in result.transform.elements.items():
+        if a.spec.roles[space] in ("residual", "heads", "mlp"):
+            assert isinstance(e, Permutation), space
+        else:
+            m = e.blocks
+            assert bool(((m == 0) | (m == 1)).all() and (m.sum(-1) == 1).all()
+                        and (m.sum(-2) == 1).all()), space

@@ -142,7 +142,8 @@ def test_distance_never_rises_when_every_step_minimises_it(h, arch):
     """With units assigned by the distance itself and every step exact (permutations only),
     coordinate descent never raises D; the trace's D is B aligned's distance, recomputed."""
     a, b = h.make_tiny(arch, seed=1).canonical(), h.make_tiny(arch, seed=2).canonical()
-    al = glmc.align(a, b, residual="permutation", unit_cost="distance", tol=0.0, max_iter=6)
+    al = glmc.align(a, b, residual="permutation", unit_cost="distance", tol=0.0, max_iter=6,
+                    bias_weight=1.0)
     m = al.match
     ds = [m.init_distance] + [t["distance"] for t in m.trace]
     for before, after in zip(ds, ds[1:], strict=False):

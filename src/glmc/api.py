@@ -39,6 +39,8 @@ from glmc.models.model import CanonicalModel
 from glmc.symmetry.transform import StateDict, Transform
 from glmc.verify import canonical_logits, certify_folder, random_inputs
 
+_WM = WeightMatchingOptions()  # defaults are defined once, in the options
+
 ModelLike = CanonicalModel | LoadedModel | str | Path
 
 METHODS = ("weight", "learned")
@@ -252,12 +254,13 @@ def align(
     method: str = "weight",
     residual: str = "orthogonal",
     heads: str = "inner",
-    max_iter: int = 15,
-    tol: float = 1e-5,
-    weighting: str = "tensor",
-    unit_cost: str = "angle",
+    max_iter: int = _WM.max_iter,
+    tol: float = _WM.tol,
+    weighting: str = _WM.weighting,
+    bias_weight: float = _WM.bias_weight,
+    unit_cost: str = _WM.unit_cost,
     inner: str | None = None,
-    init: str = "spectral",
+    init: str = _WM.init,
     token_counts: torch.Tensor | None = None,
     data: str | Path | Dataset | None = None,
     tokenizer: str | Tokenizer | None = None,
@@ -271,7 +274,7 @@ def align(
     heads: "inner" keeps head_dim (heads assigned by what is left after aligning each pair's
     inner bases); "circuit" rewrites both models with attention in circuit form first (exact;
     the result is no longer the stock architecture).
-    max_iter, tol, weighting, unit_cost, inner, init: weight matching's options (see
+    max_iter, tol, weighting, bias_weight, unit_cost, inner, init: weight matching's options (see
     :class:`glmc.matching.options.WeightMatchingOptions`).
     token_counts: (vocab,) counts; vocabulary rows of unseen tokens do not count.
     method "learned": weight matching, then learned matching on ``data`` (a dataset name or
@@ -303,8 +306,8 @@ def align(
         mask = token_counts > 0
         row_masks = {"embed.tok": (0, mask), "head.weight": (0, mask)}
     opts = WeightMatchingOptions(residual=residual, max_iter=max_iter, tol=tol,
-                                 weighting=weighting, unit_cost=unit_cost, inner=inner, init=init,
-                                 row_masks=row_masks)
+                                 weighting=weighting, bias_weight=bias_weight,
+                                 unit_cost=unit_cost, inner=inner, init=init, row_masks=row_masks)
     match = weight_matching(a, b, opts, progress=progress)
     if method == "weight":
         return Alignment(a, b, b.transformed(match.transform), match.transform, match,

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from glmc.api import Alignment
 from glmc.data import Dataset, TextDataset, Tokenizer
 from glmc.errors import GlmcError
 from glmc.evaluate import (
@@ -49,11 +50,15 @@ from glmc.evaluate import (
     resolve_device,
 )
 from glmc.matching.learned import LearnedMatchingOptions
+from glmc.matching.options import WeightMatchingOptions
 from glmc.models.circuit import to_circuit
 from glmc.models.model import CanonicalModel
 
 if TYPE_CHECKING:
     from glmc.api import StockPair
+
+_WM = WeightMatchingOptions()  # defaults are defined once, in the options
+
 
 # -- the arithmetic -----------------------------------------------------------------------
 
@@ -129,9 +134,9 @@ class AlignOptions:
     """
 
     heads: str = "inner"
-    max_iter: int = 15
-    tol: float = 1e-5
-    weighting: str = "tensor"
+    max_iter: int = _WM.max_iter
+    tol: float = _WM.tol
+    weighting: str = _WM.weighting
     seed: int = 0
     token_counts: torch.Tensor | None = None
     progress: Callable[[int, float], None] | None = None
@@ -142,13 +147,14 @@ class AlignOptions:
 
 
 AlignFn = Callable[[CanonicalModel, CanonicalModel, AlignOptions],
-                   CanonicalModel | InterpolationPath]
+                   "CanonicalModel | Alignment | InterpolationPath"]
 
 
 @dataclass(frozen=True)
 class Method:
     """An alignment method: ``fn(a, b, options)`` returns B aligned to A (B's function; the
-    path is the straight line to A in canonical coordinates) or the path itself.
+    path is the straight line to A in canonical coordinates), an :class:`glmc.api.Alignment`
+    (the same, with the matching's details), or the path itself.
 
     ``stock``: the method reads ``options.stock`` (the models' stock weights), so it takes
     Hugging Face folders only.
@@ -204,25 +210,24 @@ def _canonical(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Canonic
 
 
 def _weight(residual: str) -> AlignFn:
-    def fn(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> CanonicalModel:
+    def fn(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
         from glmc.api import align
 
         return align(a, b, residual=residual, heads=o.heads, max_iter=o.max_iter, tol=o.tol,
-                     weighting=o.weighting, token_counts=o.token_counts,
-                     progress=o.progress).aligned
+                     weighting=o.weighting, token_counts=o.token_counts, progress=o.progress)
 
     return fn
 
 
 def _learned(residual: str) -> AlignFn:
-    def fn(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> CanonicalModel:
+    def fn(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
         from glmc.api import align
 
         learned = replace(o.learned or LearnedMatchingOptions(), seed=o.seed)
         return align(a, b, method="learned", residual=residual, heads=o.heads,
                      max_iter=o.max_iter, tol=o.tol, weighting=o.weighting,
                      token_counts=o.token_counts,
-                     data=o.dataset, learned=learned, progress=o.progress).aligned
+                     data=o.dataset, learned=learned, progress=o.progress)
 
     return fn
 
@@ -260,6 +265,8 @@ class MethodResult:
         loss_barrier, acc_barrier: see :func:`barrier` (acc_barrier None for language models).
         loss_barrier_lambda, acc_barrier_lambda: where the maximum sits.
         align_seconds, eval_seconds: wall time of the alignment and of the evaluations.
+        alignment: the :class:`glmc.api.Alignment` (transform, weight matching's trace,
+            learned matching's log) when the method aligned B; None otherwise.
     """
 
     name: str
@@ -272,6 +279,7 @@ class MethodResult:
     acc_barrier_lambda: float | None
     align_seconds: float
     eval_seconds: float
+    alignment: Alignment | None = None
 
     def _at(self, values: list[float] | None, lam: float) -> float | None:
         return None if values is None else values[self.lambdas.index(lam)]
@@ -308,7 +316,16 @@ class MethodResult:
             "acc_barrier_lambda": self.acc_barrier_lambda,
             "align_seconds": round(self.align_seconds, 4),
             "eval_seconds": round(self.eval_seconds, 4),
+            "matching": None if self.alignment is None or self.alignment.match is None
+            else _summary(self.alignment.match.to_json()),
+            "learned": None if self.alignment is None or self.alignment.learned is None
+            else _summary(self.alignment.learned.to_json()),
         }
+
+
+def _summary(report: dict[str, Any]) -> dict[str, Any]:
+    """A matching report without its per-step log (the barrier report stays small)."""
+    return {k: v for k, v in report.items() if k not in ("trace", "log")}
 
 
 @dataclass
@@ -495,7 +512,9 @@ def run_barrier(
         if progress is not None:
             progress(name, "align", 0, 1)
         t1 = time.perf_counter()
-        aligned = method.fn(wa, wb, options)  # (already in circuit form when wa, wb are)
+        out = method.fn(wa, wb, options)  # (already in circuit form when wa, wb are)
+        alignment = out if isinstance(out, Alignment) else None
+        aligned = out.aligned if alignment is not None else out
         path = LinePath(ma, aligned) if isinstance(aligned, CanonicalModel) else aligned
         t_align = time.perf_counter() - t1
         if progress is not None:
@@ -517,7 +536,7 @@ def run_barrier(
             barrier(lambdas, losses), None if accs is None else barrier(lambdas, accs, True),
             lambdas[int(np.nanargmax(loss_curve))] if not np.isnan(loss_curve).all() else 0.0,
             None if acc_curve is None else lambdas[int(np.argmax(acc_curve))],
-            t_align, t_eval)
+            t_align, t_eval, alignment)
 
     warnings = _endpoint_warnings(results)
     data_name = str(data) if isinstance(data, (str, Path)) else str(ds.name)

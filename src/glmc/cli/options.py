@@ -65,6 +65,9 @@ def add_learned_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("learned matching (method learned)")
     g.add_argument("--steps", type=int, default=d.steps, help="optimisation steps (max)")
     g.add_argument("--lr", type=float, default=d.lr, help="AdamW peak learning rate")
+    g.add_argument("--perm-lr-scale", type=float, default=d.perm_lr_scale,
+                   help="learning rate of the permutation latents as a fraction of --lr "
+                   "(small: permutations stay near weight matching's, as in the paper)")
     g.add_argument("--train-batch-size", type=int, default=d.batch_size,
                    help="global batch (split over the ranks under torchrun)")
     g.add_argument("--lam", default=d.lam,
@@ -86,7 +89,8 @@ def learned_options(args: argparse.Namespace, out: str | Path | None) -> Learned
         out = Path(out)
         ckpt = str(out.with_name(f".{out.name}.learned.pt"))
     return LearnedMatchingOptions(
-        steps=args.steps, lr=args.lr, batch_size=args.train_batch_size, lam=args.lam,
+        steps=args.steps, lr=args.lr, perm_lr_scale=args.perm_lr_scale,
+        batch_size=args.train_batch_size, lam=args.lam,
         eval_every=args.eval_every, patience=args.patience, seed=args.seed,
         residual=getattr(args, "residual", "orthogonal"), checkpoint=ckpt,
         checkpoint_every=args.checkpoint_every, resume=args.resume)

@@ -361,7 +361,13 @@ def learned_matching(
     if not val_batches:
         raise GlmcError(f"dataset '{data.name}': the validation split is too small for one "
                         f"batch (context {context})")
-    optim = torch.optim.AdamW(params, lr=opts.lr, weight_decay=opts.weight_decay)
+    perms = [p for m in latents.latents.values() if isinstance(m, PermutationLatent)
+             for p in m.parameters()]
+    others = [p for p in params if all(p is not q for q in perms)]
+    groups = [{"params": others, "lr": opts.lr},
+              {"params": perms, "lr": opts.lr * opts.perm_lr_scale}]
+    optim = torch.optim.AdamW([g for g in groups if g["params"]], lr=opts.lr,
+                              weight_decay=opts.weight_decay)
     run = _Run(latents, optim, torch.optim.lr_scheduler.LambdaLR(optim, _schedule(opts)),
                torch.Generator().manual_seed(opts.seed),
                torch.Generator().manual_seed(opts.seed + 1), latents.snapshot(),

@@ -54,9 +54,10 @@ def check_pair(a: CanonicalModel, b: CanonicalModel, where: str = "") -> None:
 
 
 def tensor_weights(spec: SymmetrySpec, state: StateDict, scheme: str,
-                   row_masks: dict[str, tuple[int, torch.Tensor]] | None = None
-                   ) -> dict[str, float]:
-    """w_t per tensor: 1/entries ("tensor"; masked rows do not count) or 1 ("none")."""
+                   row_masks: dict[str, tuple[int, torch.Tensor]] | None = None,
+                   bias_weight: float = 1.0) -> dict[str, float]:
+    """w_t per tensor: 1/entries ("tensor"; masked rows do not count) or 1 ("none"); under
+    "tensor", bias vectors (1-D ``*.bias``) times ``bias_weight``."""
     if scheme not in WEIGHTINGS:
         raise GlmcError(f"unknown weighting {scheme!r} (one of {', '.join(WEIGHTINGS)})")
     w = {}
@@ -72,6 +73,8 @@ def tensor_weights(spec: SymmetrySpec, state: StateDict, scheme: str,
             axis, mask = row_masks[name_for_size]
             entries = entries // state[name_for_size].shape[axis] * max(1, int(mask.sum()))
         w[name] = 1.0 / entries
+        if scheme == "tensor" and name.endswith(".bias") and state[name].dim() == 1:
+            w[name] *= bias_weight
     return w
 
 
@@ -111,7 +114,8 @@ class Problem:
     def __init__(self, a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions):
         spec = a.spec
         self.spec, self.opts = spec, opts
-        self.w = tensor_weights(spec, a.state, opts.weighting, opts.row_masks)
+        self.w = tensor_weights(spec, a.state, opts.weighting, opts.row_masks,
+                                opts.bias_weight)
         self.A: StateDict = {}
         self.B: StateDict = {}
         for name in spec.axes:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -190,11 +190,14 @@ def weight_matching(
     opts: WeightMatchingOptions | None = None,
     progress=None,
     where: str = "",
+    on_iteration: Callable[[int, Transform], None] | None = None,
 ) -> MatchResult:
     """Align B to A: returns the transform π with π(B) ≈ A and the distance's trace.
 
     progress: optional callable(iteration, relative distance) called after each iteration.
     where: how to name the pair in error messages.
+    on_iteration: optional callable(k, transform after k iterations), k = 0 (the start) to
+    the last iteration (to study how the alignment evolves).
     """
     opts = opts or WeightMatchingOptions()
     check_pair(a, b, where)
@@ -243,6 +246,8 @@ def weight_matching(
     workers, depth = unit_workers(prob, threads)
     pool = ThreadPoolExecutor(max_workers=workers, initializer=torch.set_num_threads,
                               initargs=(1,))
+    if on_iteration is not None:
+        on_iteration(0, Transform(dict(el)))
     try:
         for it in range(opts.max_iter):
             wall: dict[str, float] = {}  # wall seconds per phase
@@ -286,6 +291,8 @@ def weight_matching(
                           "unit_seconds": {k: round(v, 4) for k, v in cpu.items()}})
             if progress is not None:
                 progress(it + 1, relative(distance, scale))
+            if on_iteration is not None:
+                on_iteration(it + 1, Transform(dict(el)))
             if start - distance <= opts.tol * abs(start):
                 if full and changed == 0:
                     converged = True

@@ -294,7 +294,7 @@ def _run(
         state = load_checkpoint(ckpt_file)
         _check_resumable(state, cfg, ds, summary, ckpt_file)
     else:
-        if resume:
+        if resume and progress:  # (quiet callers, like the demo's cache, resume by default)
             _notice(f"no checkpoint at {ckpt_file}; starting from step 0")
         remove_checkpoint(out)  # (with --force: start over; the old run is discarded)
     run = _Session(cfg, hf, ds, device, ckpt_file, summary)

@@ -1,0 +1,52 @@
+"""What every benchmark script shares: the machine it ran on, writing its JSON, and replacing
+its own section of benchmarks/README.md (so that every figure there comes from a script)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+README = HERE / "README.md"
+
+
+def machine(**extra: Any) -> dict[str, Any]:
+    """The machine, interpreter and torch build a figure was measured with."""
+    info = {"platform": platform.platform(), "processor": platform.processor(),
+            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "executable": sys.executable}
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        info |= {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    return info | extra
+
+
+def write_json(path: str | Path, data: dict[str, Any]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def replace_section(name: str, markdown: str, readme: Path = README) -> None:
+    """Put ``markdown`` between ``<!-- name:start -->`` and ``<!-- name:end -->`` in the
+    README (the markers must be there)."""
+    text = readme.read_text()
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if start not in text or end not in text:
+        raise SystemExit(f"{readme}: add the markers {start} and {end} first")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{start}\n{markdown.rstrip()}\n{end}{tail}")

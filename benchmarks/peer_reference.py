@@ -1,0 +1,122 @@
+"""Side by side with the paper's public implementation, on the same GPT-2 pairs, same windows.
+
+The peer (github.com/antoniohonsell/Generalized-LMC-for-Transformers) runs from its own
+checkout in its own venv with its pinned transformers 4.50.1; ``peer_side.py`` drives it. glmc
+writes its exact test windows to a file, the peer evaluates its merged model on them at every
+λ, and both barriers are computed by the same function here. Set-up, once::
+
+    git clone https://github.com/antoniohonsell/Generalized-LMC-for-Transformers peer/src
+    python -m venv peer/venv
+    peer/venv/bin/pip install torch==2.13.0 transformers==4.50.1 einops POT scipy safetensors
+
+Then::
+
+    python benchmarks/peer_reference.py --peer-src peer/src --peer-python peer/venv/bin/python
+
+Peer methods: ``orthogonal`` and ``perm`` (permutations only) as its own evaluation runs them
+(the learned-matching latents start at I + N(0, 0.01²), a small rotation on top of the
+matching), and ``orthogonal-exact`` / ``perm-exact`` (the latents at exactly I: the matching's
+own solution). Writes benchmarks/results/peer_reference.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from _common import HERE, RESULTS, machine, read_json, write_json
+from quality import folders, suite
+from safetensors.torch import save_file
+
+PEER_METHODS = ("orthogonal", "orthogonal-exact", "perm", "perm-exact")
+GLMC_METHODS = ("none", "weight", "weight-perm")
+
+
+def test_windows(a: Path, b: Path, data: str) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """The windows glmc's barrier evaluates (ids, targets), and the grid."""
+    from glmc.barrier import lambda_grid, prepare_barrier
+    from glmc.evaluate import default_batch_size, fixed_batches
+
+    ma, _, ds, ctx = prepare_barrier(str(a), str(b), data)
+    batches = fixed_batches(ds, "test", batch_size=default_batch_size(ma.config, ctx),
+                            context=ctx)
+    x = torch.cat([bx for bx, _ in batches])
+    y = torch.cat([by for _, by in batches])
+    return x, y, lambda_grid(11)
+
+
+def peer_losses(peer_src: Path, peer_python: Path, a: Path, b: Path, x: torch.Tensor,
+                y: torch.Tensor, lambdas: list, methods: list[str], threads: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        win = Path(tmp) / "windows.safetensors"
+        save_file({"x": x.contiguous(), "y": y.contiguous()}, str(win))
+        req = Path(tmp) / "request.json"
+        req.write_text(json.dumps({"a": str(a.resolve()), "b": str(b.resolve()),
+                                   "windows": str(win), "lambdas": lambdas,
+                                   "methods": methods, "threads": threads}))
+        done = subprocess.run([str(peer_python), str(HERE / "peer_side.py"), str(req)],
+                              cwd=peer_src, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the peer failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    from glmc.barrier import barrier, run_barrier
+
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--peer-src", type=Path, required=True)
+    p.add_argument("--peer-python", type=Path, required=True)
+    p.add_argument("--pairs", nargs="*", default=None, help="GPT-2 pairs of the quality suite")
+    p.add_argument("--cache", default="glmc-cache")
+    p.add_argument("--methods", nargs="*", default=list(PEER_METHODS))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=RESULTS / "peer_reference.json")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    chosen = [q for q in suite() if q.train.arch == "gpt2"
+              and (args.pairs is None or q.key in args.pairs)]
+    results = read_json(args.out) or {"pairs": {}}
+    for pair in chosen:
+        a, b = folders(Path(args.cache), pair)
+        if not (a / "glmc_train.json").is_file() or not (b / "glmc_train.json").is_file():
+            print(f"{pair.key}: not trained yet (python benchmarks/quality.py --train-only)")
+            continue
+        x, y, lambdas = test_windows(a, b, pair.train.data)
+        t0 = time.perf_counter()
+        peer = peer_losses(args.peer_src, args.peer_python, a, b, x, y, lambdas, args.methods,
+                           args.threads)
+        peer_seconds = time.perf_counter() - t0
+        ours = run_barrier(str(a), str(b), pair.train.data, methods=GLMC_METHODS)
+        row: dict = {"title": pair.title, "tokens": int(y.numel()), "peer": {}, "glmc": {},
+                     "peer_versions": peer["versions"], "peer_seconds": round(peer_seconds, 1)}
+        for name, r in peer["methods"].items():
+            row["peer"][name] = {"loss_barrier": barrier(lambdas, r["losses"]),
+                                 "losses": r["losses"],
+                                 "align_seconds": round(r["align_seconds"], 2)}
+        for name, m in ours.methods.items():
+            row["glmc"][name] = {"loss_barrier": m.loss_barrier, "losses": m.losses,
+                                 "align_seconds": round(m.align_seconds, 2)}
+        ends = [(r["losses"][0], r["losses"][-1]) for r in row["peer"].values()]
+        ref = row["glmc"]["none"]["losses"]
+        row["endpoints_agree"] = all(abs(l0 - ref[0]) < 5e-4 and abs(l1 - ref[-1]) < 5e-4
+                                     for l0, l1 in ends)
+        results["pairs"][pair.key] = row
+        print(f"{pair.key}: " + ", ".join(
+            f"peer {k} {v['loss_barrier']:.3f}" for k, v in row["peer"].items()) + "; " +
+            ", ".join(f"glmc {k} {v['loss_barrier']:.3f}" for k, v in row["glmc"].items()) +
+            f"; endpoints agree: {row['endpoints_agree']}", flush=True)
+        results["machine"] = machine()
+        write_json(args.out, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
