@@ -49,4 +49,6 @@ def replace_section(name: str, markdown: str, readme: Path = README) -> None:
         raise SystemExit(f"{readme}: add the markers {start} and {end} first")
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
-    readme.write_text(f"{head}{start}\n{markdown.rstrip()}\n{end}{tail}")
+    tmp = readme.with_name(f".{readme.name}.tmp")
+    tmp.write_text(f"{head}{start}\n{markdown.rstrip()}\n{end}{tail}")
+    os.replace(tmp, readme)  # never a half-written README

@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         ref = row["glmc"]["none"]["losses"]
         row["endpoints_agree"] = all(abs(l0 - ref[0]) < 5e-4 and abs(l1 - ref[-1]) < 5e-4
                                      for l0, l1 in ends)
+        old = results["pairs"].get(pair.key, {})
+        row["peer"] = old.get("peer", {}) | row["peer"]  # (methods not rerun are kept)
         results["pairs"][pair.key] = row
         print(f"{pair.key}: " + ", ".join(
             f"peer {k} {v['loss_barrier']:.3f}" for k, v in row["peer"].items()) + "; " +

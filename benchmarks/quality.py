@@ -31,6 +31,10 @@ from glmc.demo import pairs as demo_pairs
 from glmc.training import TrainConfig
 
 METHODS = ("none", "canonical", "weight", "weight-perm", "learned", "learned-perm")
+#: Rows measured with attention rewritten as QK/OV circuits first (the paper's code does so):
+#: no inner bases left to map, so its permutation-only ablation is permutations of the residual
+#: stream, MLP units and whole heads alone.
+CIRCUIT = {"weight-perm": "weight-perm-circuit"}
 TITLES = {
     "none": "vanilla averaging (stock weights)",
     "canonical": "averaging in canonical coordinates",
@@ -38,6 +42,7 @@ TITLES = {
     "weight-perm": "weight matching, permutations only",
     "learned": "learned matching",
     "learned-perm": "learned matching, permutations only",
+    "weight-perm-circuit": "weight matching, permutations only, heads as circuits",
 }
 OUT = RESULTS / "quality.json"
 PEER = RESULTS / "peer_reference.json"
@@ -101,7 +106,7 @@ def train_pairs(chosen: list[Pair], cache: Path, parallel: int) -> None:
 
 def measure(pair: Pair, cache: Path, methods: list[str]) -> dict:
     """Every method's barrier on one pair (the library's run_barrier)."""
-    from glmc.barrier import run_barrier
+    from glmc.barrier import AlignOptions, run_barrier
 
     a, b = folders(cache, pair)
     t0 = time.perf_counter()
@@ -111,14 +116,19 @@ def measure(pair: Pair, cache: Path, methods: list[str]) -> dict:
             print(f"  {pair.key}: {method} ...", file=sys.stderr, flush=True)
 
     report = run_barrier(str(a), str(b), pair.train.data, methods=methods, progress=progress)
-    none = report.methods.get("none")
+    measured = dict(report.methods)
+    if pair.train.arch == "gpt2":
+        for method, name in CIRCUIT.items():
+            if method in methods:
+                rep = run_barrier(str(a), str(b), pair.train.data, methods=[method],
+                                  options=AlignOptions(heads="circuit"), progress=progress)
+                measured[name] = rep.methods[method]
     row: dict = {"title": pair.title, "data": pair.train.data, "models": [str(a), str(b)],
                  "train": dataclasses.asdict(pair.train), "eval_count": report.count,
                  "seconds": round(time.perf_counter() - t0, 1), "methods": {}}
-    for name, m in report.methods.items():
+    for name, m in measured.items():
         row["methods"][name] = {
             "loss_barrier": m.loss_barrier, "acc_barrier": m.acc_barrier,
-            "ratio_to_none": m.loss_barrier / none.loss_barrier if none else None,
             "loss_a": m.loss_a, "loss_b": m.loss_b, "acc_a": m.acc_a, "acc_b": m.acc_b,
             "align_seconds": round(m.align_seconds, 2),
             "eval_seconds": round(m.eval_seconds, 2)}
@@ -135,8 +145,10 @@ def table(results: dict, peer: dict) -> str:
     """Rows: methods (the paper's code beside glmc's); columns: pairs; cells: test-loss
     barrier and, in brackets, its ratio to vanilla averaging of the same pair."""
     keys = [p.key for p in suite() if p.key in results.get("pairs", {})]
-    rows = [("glmc", m) for m in METHODS] + [("peer", m) for m in ("orthogonal-exact",
-                                                                  "orthogonal", "perm-exact")]
+    order = ("none", "canonical", "weight", "weight-perm", *CIRCUIT.values(), "learned",
+             "learned-perm")
+    rows = [("glmc", m) for m in order] + [("peer", m) for m in ("orthogonal-exact",
+                                                                 "orthogonal", "perm-exact")]
     titles = {"orthogonal-exact": "paper's code: weight matching",
               "orthogonal": "paper's code: weight matching, as its evaluation runs it",
               "perm-exact": "paper's code: weight matching, permutations only"}
@@ -147,11 +159,22 @@ def table(results: dict, peer: dict) -> str:
             none = results["pairs"][k]["methods"].get("none", {}).get("loss_barrier")
             if who == "glmc":
                 r = results["pairs"][k]["methods"].get(m)
-                cells.append(_cell(r["loss_barrier"], r["ratio_to_none"]) if r else "–")
             else:
                 r = peer.get("pairs", {}).get(k, {}).get("peer", {}).get(m)
-                ratio = r["loss_barrier"] / none if r and none else None
-                cells.append(_cell(r["loss_barrier"], ratio) if r else "–")
+            ratio = r["loss_barrier"] / none if r and none else None  # (from the current none)
+            cells.append(_cell(r["loss_barrier"], ratio) if r else "–")
+        if any(c != "–" for c in cells):
+            lines.append(f"| {TITLES.get(m, titles.get(m, m))} | " + " | ".join(cells) + " |")
+    lines += ["", "Alignment time in seconds (loading and evaluation not included):", "",
+              "| method | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for who, m in rows:
+        if who == "glmc" and m not in ("none", "canonical"):
+            got = [results["pairs"][k]["methods"].get(m) for k in keys]
+        elif who == "peer":
+            got = [peer.get("pairs", {}).get(k, {}).get("peer", {}).get(m) for k in keys]
+        else:
+            continue
+        cells = [f"{r['align_seconds']:.1f}" if r else "–" for r in got]
         if any(c != "–" for c in cells):
             lines.append(f"| {TITLES.get(m, titles.get(m, m))} | " + " | ".join(cells) + " |")
     lines.append("")
@@ -193,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         for pair in chosen:
             methods = [m for m in (args.methods or pair.methods)]
             row = measure(pair, Path(args.cache), methods)
+            results = read_json(OUT) or {"pairs": {}}  # (another run may have written it)
             old = results["pairs"].get(pair.key, {}).get("methods", {})
             row["methods"] = old | row["methods"]  # (methods not rerun are kept)
             results["pairs"][pair.key] = row

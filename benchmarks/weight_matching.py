@@ -65,9 +65,9 @@ def run_one(name: str, iters: int, tol: float, residual: str) -> dict:
         "setup_s": round(total - sum(phases.values()), 2),
         "phases_s": {k: round(v, 2) for k, v in phases.items()},
         "unit_worker_s": {k: round(v, 2) for k, v in kinds.items()},
-        "objective_init": round(result.init_objective / result.norm, 6),
-        "objective_final": round(result.trace[-1]["normalized"], 6),
-        "trace": [(r["normalized"], r["units_solved"], r["units_changed"]) for r in result.trace],
+        "relative_init": round(result.to_json()["init_relative"], 6),
+        "relative_final": round(result.relative, 6),
+        "trace": [(r["relative"], r["units_solved"], r["units_changed"]) for r in result.trace],
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "threads": torch.get_num_threads(),
     }
@@ -96,8 +96,8 @@ def main() -> None:
         r = rows[-1]
         print(f"{r['size']:<12} {r['params'] / 1e6:7.1f}M  it={r['iterations']:<2} "
               f"total={r['total_s']:7.2f}s  per-it={r['per_iteration_s']:6.2f}s  "
-              f"rss={r['peak_rss_gb']:5.2f}GB  obj {r['objective_init']:.4f}->"
-              f"{r['objective_final']:.4f}  {r['phases_s']}", flush=True)
+              f"rss={r['peak_rss_gb']:5.2f}GB  relative D {r['relative_init']:.4f}->"
+              f"{r['relative_final']:.4f}  {r['phases_s']}", flush=True)
     report = {"machine": machine(), "options": vars(args), "results": rows}
     print(f"wrote {write_json(args.out, report)}")
 

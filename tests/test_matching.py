@@ -430,3 +430,27 @@ def test_weight_matching_leaves_the_thread_count_of_new_threads_alone(h):
         assert seen == [2] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("scheme", ["tensor", "layer", "none"])
+def test_tensor_weights_count_each_tensor_by_its_mean(h, scheme):
+    """"tensor": 1/entries, bias vectors times bias_weight; "layer": a bias counts as its
+    layer's weight does; "none": 1. A bias weight of 0 or below is refused."""
+    from glmc.matching.options import WeightMatchingOptions
+    from glmc.matching.problem import tensor_weights
+
+    a = h.make_tiny("gpt2", seed=1).canonical()
+    w = tensor_weights(a.spec, a.state, scheme, bias_weight=0.3)
+    for name in a.spec.axes:
+        t = a.state[name]
+        bias = name.endswith(".bias") and t.dim() == 1
+        if scheme == "none":
+            expected = 1.0
+        elif scheme == "layer" and bias and name[:-4] + "weight" in a.state:
+            expected = 1.0 / a.state[name[:-4] + "weight"].numel()
+        else:
+            expected = (0.3 if bias and scheme == "tensor" else 1.0) / t.numel()
+        assert w[name] == pytest.approx(expected, rel=1e-12), name
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(GlmcError, match="bias weight"):
+            WeightMatchingOptions(bias_weight=bad)

@@ -310,7 +310,8 @@ def markdown_report(demo: DemoResult) -> str:
                      f" ({results['models'][p.key]['a']}, {results['models'][p.key]['b']})")
     lm = results["learned_matching"]
     lines += ["", f"Learned matching: {lm['steps']} steps of batch {lm['batch_size']}, "
-              f"AdamW {lm['lr']:g} (permutation latents ×{lm['perm_lr_scale']:g}), λ ~ "
+              f"AdamW {lm['lr']:g} (permutation latents ×{lm['perm_lr_scale']:g} beside "
+              f"continuous maps, ×1 when permutations are all there is), λ ~ "
               f"{lm['lam']}.", ""]
     lines += _finding_lines(demo)
     lines += [f"Total time {results['seconds']['total']} s (training "

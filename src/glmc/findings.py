@@ -48,7 +48,7 @@ class IterationStudy:
 
 def wm_iterations(a: CanonicalModel, b: CanonicalModel, evaluator: Evaluator,
                   residuals: tuple[str, ...] = ("orthogonal", "permutation"),
-                  max_iter: int = 15) -> dict[str, IterationStudy]:
+                  max_iter: int = WeightMatchingOptions.max_iter) -> dict[str, IterationStudy]:
     """The midpoint barrier after every iteration of weight matching, per residual group
     (each run for exactly ``max_iter`` iterations: no early stop)."""
     ends = (evaluator.evaluate(a.state).loss + evaluator.evaluate(b.state).loss) / 2

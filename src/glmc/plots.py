@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg", force=False)
 
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 from glmc.barrier import BarrierReport, MethodResult  # noqa: E402
 from glmc.errors import GlmcError  # noqa: E402
@@ -242,5 +243,8 @@ def plot_moves(moves: dict[str, dict], path: str | Path, *, title: str | None = 
                  "of ‖O‖_F)") if frob is not None else ""
         ax.set_title(f"{label}{extra}", fontsize=9)
         _tidy(ax)
+    fig.legend(handles=[Patch(color="#0072B2", label="MLP units"),
+                        Patch(color="#009E73", label="heads")],
+               loc="outside lower center", ncols=2, frameon=False, fontsize=8)
     fig.suptitle(title or "How far learned matching moves from weight matching", fontsize=11)
     return _save(fig, path, dpi)

@@ -29,7 +29,7 @@ def add_alignment_options(p: argparse.ArgumentParser, residual: bool = True) -> 
     g.add_argument("--weighting", choices=WEIGHTINGS, default=WM_DEFAULTS.weighting,
                    help="how tensors count in weight matching's distance: tensor, each by its "
                    "mean squared difference (an embedding table as much as an MLP matrix); "
-                   "none, every entry alike")
+                   "layer, a bias as its layer's weight; none, every entry alike")
     g.add_argument("--token-counts", metavar="FILE",
                    help="token counts (.json list or {id: count}, .npy, or text): only "
                    "vocabulary rows of seen tokens count in the matching")

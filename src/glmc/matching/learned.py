@@ -274,6 +274,8 @@ class _Run:
     result: LearnedResult
     step: int = 0
     bad: int = 0
+    #: What else defines the run (inner maps, fixed all-ones direction): a resume must match.
+    setup: dict = field(default_factory=dict)
 
     def save(self, path: Path, opts: LearnedMatchingOptions) -> None:
         from glmc.io.atomic import atomic_path
@@ -283,7 +285,7 @@ class _Run:
                    "lam_gen": self.lam_gen.get_state(), "best": self.best, "step": self.step,
                    "start_val": self.result.start_val, "best_val": self.result.best_val,
                    "best_step": self.result.best_step, "bad": self.bad,
-                   "log": self.result.log, "options": _comparable(opts)}
+                   "log": self.result.log, "options": _comparable(opts) | self.setup}
         with atomic_path(path) as tmp:
             torch.save(payload, tmp)
 
@@ -299,7 +301,8 @@ class _Run:
         r.log = st["log"]
 
 
-def _read_checkpoint(ckpt: Path | None, opts: LearnedMatchingOptions) -> dict | None:
+def _read_checkpoint(ckpt: Path | None, opts: LearnedMatchingOptions, setup: dict
+                     ) -> dict | None:
     """Rank 0's checkpoint on every rank (only rank 0 writes them, so on several machines
     only its own may hold one); None when there is none to resume."""
     st = None
@@ -315,7 +318,7 @@ def _read_checkpoint(ckpt: Path | None, opts: LearnedMatchingOptions) -> dict | 
     if st is not None:
         if "error" in st:
             raise GlmcError(st["error"])
-        if st.get("options") != _comparable(opts):
+        if st.get("options") != _comparable(opts) | setup:
             raise GlmcError(f"{ckpt}: checkpoint was written with other options; start "
                             "without --resume or use the same options")
         if "latents" not in st:
@@ -364,16 +367,18 @@ def learned_matching(
     perms = [p for m in latents.latents.values() if isinstance(m, PermutationLatent)
              for p in m.parameters()]
     others = [p for p in params if all(p is not q for q in perms)]
+    # The scale holds permutations near their start while continuous maps adapt; with
+    # nothing continuous to learn (the permutation-only ablation) it would only slow them.
     groups = [{"params": others, "lr": opts.lr},
-              {"params": perms, "lr": opts.lr * opts.perm_lr_scale}]
+              {"params": perms, "lr": opts.lr * (opts.perm_lr_scale if others else 1.0)}]
     optim = torch.optim.AdamW([g for g in groups if g["params"]], lr=opts.lr,
                               weight_decay=opts.weight_decay)
     run = _Run(latents, optim, torch.optim.lr_scheduler.LambdaLR(optim, _schedule(opts)),
                torch.Generator().manual_seed(opts.seed),
                torch.Generator().manual_seed(opts.seed + 1), latents.snapshot(),
-               LearnedResult(transform=init))
+               LearnedResult(transform=init), setup={"inner": inner, "fix_ones": fix_ones})
     ckpt = Path(opts.checkpoint) if opts.checkpoint else None
-    st = _read_checkpoint(ckpt, opts)
+    st = _read_checkpoint(ckpt, opts, run.setup)
     if st is not None:
         run.resume(st, str(ckpt))
     result = run.result

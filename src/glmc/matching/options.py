@@ -25,7 +25,8 @@ class WeightMatchingOptions:
     #: biases) or "identity"
     init: str = "embeddings"
     #: "tensor": w_t = 1/entries (every tensor counts by its mean squared difference);
-    #: "none": every entry counts the same (large tensors dominate)
+    #: "layer": a bias counts as its layer's weight matrix does; "none": every entry counts the
+    #: same (large tensors dominate)
     weighting: str = "tensor"
     #: Extra factor on each bias vector's weight: under "tensor" a bias of d entries would
     #: otherwise count as much as a whole d×d matrix. 0.3 left the lowest barriers on a
@@ -75,7 +76,7 @@ class LearnedMatchingOptions:
     lr: float = 1e-2
     #: Learning rate of the permutation latents, as a fraction of ``lr`` (AdamW moves every
     #: latent entry by about the learning rate per step; a permutation flips once its entries
-    #: have moved by about one).
+    #: have moved by about one). Ignored when nothing else is learned (permutations only).
     perm_lr_scale: float = 0.1
     weight_decay: float = 0.0
     warmup: int = 10
@@ -108,7 +109,9 @@ class LearnedMatchingOptions:
              f"checkpoint-every must be at least 0, got {self.checkpoint_every}"),
             (self.residual in ("orthogonal", "permutation", "none"),
              f"unknown residual mode {self.residual!r}"),
-            (all(0.0 <= lam <= 1.0 for lam in self.eval_lambdas), "eval λs must lie in [0, 1]"),
+            (len(self.eval_lambdas) >= 1
+             and all(0.0 <= lam <= 1.0 for lam in self.eval_lambdas),
+             "eval λs must be one or more values in [0, 1]"),
         ]
         for ok, message in checks:
             if not ok:
