@@ -1,4 +1,4 @@
-"""Loss and accuracy barriers on the straight line between two models (DESIGN.md §1).
+"""Loss and accuracy barriers on the straight line between two models.
 
 With λ weighting model A (λ = 1 is A, λ = 0 is B aligned to A by a method π)::
 

@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(
         sub, "barrier",
         "Measure the loss (and accuracy) barrier on the straight line between A and B, for "
-        "each alignment method: θ(λ) = λ·A + (1 − λ)·π(B) on a grid of λ (DESIGN.md §1).",
+        "each alignment method: θ(λ) = λ·A + (1 − λ)·π(B) on a grid of λ.",
         "glmc barrier runs/vit-a runs/vit-b --data mnist5k --align none --align weight "
         "--plot barrier.png")
     p.add_argument("a", help="model folder A (λ = 1, the reference)")

@@ -3,7 +3,7 @@
 One readable pre-norm transformer that every importer targets (GPT-2, ViT, ...). The
 residual stream is mean-zero and the norms carry no affine, so any orthogonal map of the
 residual stream applied to all writers (output side) and readers (input side) preserves the
-function exactly (see DESIGN.md §3).
+function exactly: a weightless RMSNorm commutes with orthogonal maps, norm(Ox) = O·norm(x).
 
 Parameter names (d = d_model, H heads of head_dim dh, F = d_mlp)::
 

@@ -1,4 +1,4 @@
-"""Attention heads in circuit form (DESIGN.md §4), an exact rewrite of head form.
+"""Attention heads in circuit form, an exact rewrite of head form.
 
 Per head h with query/key rows Q_h, K_h (dh, d) and biases: the score between a query input x
 and a key input y is (Q_h x + q_h)·(K_h y + k_h). Terms that depend on x alone are constant
