@@ -31,12 +31,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from glmc.api import Alignment
+from glmc.api import Alignment, StockPair, align, canonical, load, stock_pair
 from glmc.data import Dataset, TextDataset, Tokenizer
 from glmc.errors import GlmcError
 from glmc.evaluate import (
@@ -53,9 +53,6 @@ from glmc.matching.learned import LearnedMatchingOptions
 from glmc.matching.options import WeightMatchingOptions
 from glmc.models.circuit import to_circuit
 from glmc.models.model import CanonicalModel
-
-if TYPE_CHECKING:
-    from glmc.api import StockPair
 
 _WM = WeightMatchingOptions()  # defaults are defined once, in the options
 
@@ -211,8 +208,6 @@ def _canonical(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Canonic
 
 def _weight(residual: str) -> AlignFn:
     def fn(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
-        from glmc.api import align
-
         return align(a, b, residual=residual, heads=o.heads, max_iter=o.max_iter, tol=o.tol,
                      weighting=o.weighting, token_counts=o.token_counts, progress=o.progress)
 
@@ -221,8 +216,6 @@ def _weight(residual: str) -> AlignFn:
 
 def _learned(residual: str) -> AlignFn:
     def fn(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
-        from glmc.api import align
-
         learned = replace(o.learned or LearnedMatchingOptions(), seed=o.seed)
         return align(a, b, method="learned", residual=residual, heads=o.heads,
                      max_iter=o.max_iter, tol=o.tol, weighting=o.weighting,
@@ -399,7 +392,6 @@ class _Prepared:
 def _prepare(a: Any, b: Any, data: str | Path | Dataset, methods: Sequence[str], split: str,
              context: int | None, tokenizer: str | Tokenizer | None,
              data_seed: int | None) -> _Prepared:
-    from glmc.api import canonical, load, stock_pair
     from glmc.matching.weight import check_pair
     from glmc.verify import same_interface
 

@@ -29,7 +29,12 @@ from torch.func import functional_call
 
 from glmc import distributed
 from glmc.errors import GlmcError, reason
-from glmc.matching.options import LearnedMatchingOptions, WeightMatchingOptions, parse_lambda
+from glmc.matching.options import (
+    LearnedMatchingOptions,
+    WeightMatchingOptions,
+    default_inner,
+    parse_lambda,
+)
 from glmc.matching.parametrize import (
     BlockLatent,
     OrthogonalLatent,
@@ -347,7 +352,7 @@ def learned_matching(
     at the eval λs minus the endpoints' loss interpolated linearly (a barrier estimate).
     """
     opts = opts or LearnedMatchingOptions()
-    inner = inner or ("permutation" if opts.residual == "permutation" else "invertible")
+    inner = inner or default_inner(opts.residual)
     rank, world = distributed.rank(), distributed.world_size()
     if opts.batch_size % world:
         raise GlmcError(f"batch size {opts.batch_size} does not split over {world} processes")

@@ -15,6 +15,12 @@ INNER = ("invertible", "orthogonal", "permutation")
 INITS = ("spectral", "embeddings", "identity")
 
 
+def default_inner(residual: str) -> str:
+    """The heads' inner maps that go with a residual group: permutations for the
+    permutation-only ablation, else the full group (invertible)."""
+    return "permutation" if residual == "permutation" else "invertible"
+
+
 @dataclass
 class WeightMatchingOptions:
     residual: str = "orthogonal"  # "orthogonal" | "permutation" | "none"
@@ -57,7 +63,7 @@ class WeightMatchingOptions:
             if value not in choices:
                 raise GlmcError(f"unknown {what} {value!r} (one of {', '.join(choices)})")
         if self.inner is None:
-            self.inner = "permutation" if self.residual == "permutation" else "invertible"
+            self.inner = default_inner(self.residual)
         if self.inner not in INNER:
             raise GlmcError(f"unknown inner maps {self.inner!r} (one of {', '.join(INNER)})")
         if not self.bias_weight > 0:
