@@ -111,7 +111,10 @@ def cross_sum(pairs: list[tuple[torch.Tensor, torch.Tensor]],
 class Problem:
     """Weighted A and B (each tensor times √w_t), the spec's units, and the distance's terms."""
 
-    def __init__(self, a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions):
+    def __init__(self, a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions,
+                 only: set[str] | None = None):
+        """``only``: weighted copies of these tensors alone (a caller that reads no others
+        saves their memory; the distance and its scale then cover these only)."""
         spec = a.spec
         self.spec, self.opts = spec, opts
         self.w = tensor_weights(spec, a.state, opts.weighting, opts.row_masks,
@@ -119,6 +122,8 @@ class Problem:
         self.A: StateDict = {}
         self.B: StateDict = {}
         for name in spec.axes:
+            if only is not None and name not in only:
+                continue
             sa, sb = a.state[name], b.state[name]
             if name in opts.row_masks:
                 axis, mask = opts.row_masks[name]
@@ -134,7 +139,7 @@ class Problem:
         # its norm, so its distance term is ‖A‖² + ‖B‖² − 2⟨A, π(B)⟩.
         self.sq_a = {n: float(t.double().pow(2).sum()) for n, t in self.A.items()}
         self.sq_b = {n: float(t.double().pow(2).sum()) for n, t in self.B.items()}
-        self.dtype = next(iter(self.A.values())).dtype
+        self.dtype = a.state[next(iter(spec.axes))].dtype
         self._balance: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._unit_norms: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         nested = nested_pairs(spec)
