@@ -411,6 +411,8 @@ CASES: dict[str, Case] = {
     "bad-lam": Case(
         nothing, "align {a} {b} -o {out} --data {text} " + " ".join(LEARNED)
         + " --lam uniform:0.7,0.2", "'uniform:0.7,0.2'"),
+    "none-with-circuit-heads": Case(nothing, "merge {a} {b} -o {out} --align none --heads circuit",
+                                    "--heads circuit does not apply to --align none"),
     "learned-without-data": Case(nothing, "merge {a} {b} -o {out} --align learned",
                                  "give --data"),
     "negative-max-batches": Case(nothing, "barrier {a} {b} --data {text} --max-batches -1",

@@ -280,6 +280,8 @@ def test_none_needs_stock_weights(h, lm_pair, tmp_path, capsys):
         run_barrier(a, canonical_b, text, methods=("weight", "none"))
     with pytest.raises(GlmcError, match=r"model B is a model in memory.*use canonical"):
         glmc.merge(a, canonical_b, align_method="none")
+    with pytest.raises(GlmcError, match=r"heads='circuit' does not apply"):
+        glmc.merge(a, b, align_method="none", heads="circuit")
     for argv in (["barrier", a, glmc_b, "--data", text, "--align", "none"],
                  ["merge", a, glmc_b, "-o", tmp_path / "m", "--align", "none"]):
         assert main([str(x) for x in argv]) == 2

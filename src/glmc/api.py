@@ -363,6 +363,9 @@ def merge(
     if align_method not in MERGE_METHODS:
         raise GlmcError(f"unknown alignment method {align_method!r} (available: "
                         f"{', '.join(MERGE_METHODS)})")
+    if align_method == "none" and align_options.get("heads", "inner") != "inner":
+        raise GlmcError("heads='circuit' does not apply to align_method='none' (the stock "
+                        "weights are averaged as loaded); use align_method='canonical'")
     if align_method == "none":
         model_a, model_b = (load_model(m) if isinstance(m, (str, Path)) else m
                             for m in (model_a, model_b))

@@ -56,6 +56,9 @@ def _run(args: argparse.Namespace) -> int:
 
     if not 0.0 <= args.alpha <= 1.0:
         raise GlmcError(f"--alpha must lie in [0, 1], got {args.alpha}")
+    if args.align == "none" and args.heads != "inner":
+        raise GlmcError("--heads circuit does not apply to --align none (the stock weights "
+                        "are averaged as loaded); use --align canonical --heads circuit")
     t0 = time.perf_counter()
     a, b = load_pair(args, keep_stock=args.align == "none")
     if args.align != "none":
