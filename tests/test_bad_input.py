@@ -44,7 +44,7 @@ VIT = {"n_layer": 1, "d": 16, "n_head": 2, "d_mlp": 32, "image_size": 8, "num_ch
 TRAIN = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--context", "16",
          "--batch-size", "4", "--eval-every", "0", "--eval-batches", "1", "--threads", "1",
          "--json"]
-LEARNED = ["--method", "learned", "--steps", "2", "--train-batch-size", "4", "--eval-every",
+LEARNED = ["--align", "learned", "--steps", "2", "--train-batch-size", "4", "--eval-every",
            "1", "--json"]
 
 
@@ -242,7 +242,7 @@ def learned_checkpoint(payload: dict | None = None) -> Build:
 
 
 def learned_checkpoint_of_another_model(env: Env) -> None:
-    """What an interrupted ``align --method learned`` of a pair of width 32 leaves, beside
+    """What an interrupted ``align --align learned`` of a pair of width 32 leaves, beside
     output ``out`` (with the options the case's argv gives)."""
     wide = [env.h.make_tiny("gpt2", seed=s, dtype=torch.float32, **{**GPT, "d": 32}).canonical()
             for s in (1, 2)]

@@ -228,7 +228,7 @@ def test_resume_on_two_ranks_when_only_rank_0_has_the_checkpoint(planted, tmp_pa
 
 
 def test_cli_align_learned_writes_a_symmetric_copy_and_its_report(planted, tmp_path, capsys):
-    """`glmc align --method learned`: B aligned computes B's function; the report records how
+    """`glmc align --align learned`: B aligned computes B's function; the report records how
     far learned matching moved from weight matching; the checkpoint is gone after success."""
     import json
 
@@ -242,7 +242,7 @@ def test_cli_align_learned_writes_a_symmetric_copy_and_its_report(planted, tmp_p
         (tmp_path / name).mkdir()
         write_model(tmp_path / name, m)
     out = tmp_path / "out"
-    args = ["align", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(out), "--method",
+    args = ["align", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(out), "--align",
             "learned", "--data", str(text), "--tokenizer", "char", "--steps", "6",
             "--eval-every", "3", "--train-batch-size", "8", "--json"]
     assert main(args) == 0

@@ -143,9 +143,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("a", help="reference model folder (Hugging Face or glmc)")
     p.add_argument("b", help="model folder to align to A")
     add_out(p, "output folder (written atomically)")
-    p.add_argument("--method", choices=("weight", "learned"), default="weight",
+    p.add_argument("--align", "--method", dest="align", metavar="METHOD",
+                   choices=("weight", "learned"), default="weight",
                    help="weight: data-free weight matching; learned: weight matching, then "
-                   "learned matching on --data")
+                   "learned matching on --data (the same word as merge and barrier take; "
+                   "--method is its old name)")
     p.add_argument("--data", help="training data for learned matching (name or path)")
     add_tokenizer(p)
     p.add_argument("--no-stock", action="store_true",
@@ -176,7 +178,7 @@ def _run(args: argparse.Namespace) -> int:
     if is_main():
         x, want = reference_logits(b)
     b.stock_state = None  # (only B's canonical form is matched, on every rank)
-    al = run_alignment(args, a, b, args.method)
+    al = run_alignment(args, a, b, args.align)
     if not is_main():
         return 0
     report = al.report() | {"a": str(args.a), "b": str(args.b)}
@@ -185,7 +187,7 @@ def _run(args: argparse.Namespace) -> int:
     fmt, out = write_output(args.out, aligned, not args.no_stock, report, transform)
     del aligned
     report["certificate"] = certify_folder(out, x, want)
-    drop_checkpoint(args, args.method)
+    drop_checkpoint(args, args.align)
     report["seconds"] = round(time.perf_counter() - t0, 3)
     report["format"] = fmt
     write_report(out, report)
