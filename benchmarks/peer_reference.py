@@ -40,12 +40,9 @@ GLMC_METHODS = ("none", "weight", "weight-perm")
 
 def test_windows(a: Path, b: Path, data: str) -> tuple[torch.Tensor, torch.Tensor, list]:
     """The windows glmc's barrier evaluates (ids, targets), and the grid."""
-    from glmc.barrier import lambda_grid, prepare_barrier
-    from glmc.evaluate import default_batch_size, fixed_batches
+    from glmc.barrier import barrier_batches, lambda_grid
 
-    ma, _, ds, ctx = prepare_barrier(str(a), str(b), data)
-    batches = fixed_batches(ds, "test", batch_size=default_batch_size(ma.config, ctx),
-                            context=ctx)
+    _, _, batches = barrier_batches(str(a), str(b), data, methods=("none", "weight"))
     x = torch.cat([bx for bx, _ in batches])
     y = torch.cat([by for _, by in batches])
     return x, y, lambda_grid(11)

@@ -38,13 +38,11 @@ OUT = RESULTS / "variants.json"
 
 def measure(pair, cache: Path) -> dict:
     import glmc
-    from glmc.barrier import barrier, lambda_grid, prepare_barrier
-    from glmc.evaluate import Evaluator, default_batch_size, fixed_batches
+    from glmc.barrier import barrier, barrier_batches, lambda_grid
+    from glmc.evaluate import Evaluator
 
     a, b = folders(cache, pair)
-    ma, mb, ds, ctx = prepare_barrier(str(a), str(b), pair.train.data, methods=["weight"])
-    batches = fixed_batches(ds, "test", batch_size=default_batch_size(ma.config, ctx),
-                            context=ctx)
+    ma, mb, batches = barrier_batches(str(a), str(b), pair.train.data)
     ev, grid = Evaluator(ma.config, batches), lambda_grid(11)
     rows = {}
     for name, kw in VARIANTS.items():

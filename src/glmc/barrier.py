@@ -431,6 +431,16 @@ def prepare_barrier(
     return p.a, p.b, p.dataset, p.context
 
 
+def barrier_batches(a: Any, b: Any, data: str | Path | Dataset, *, split: str = "test",
+                    max_batches: int | None = None, methods: Sequence[str] = ("weight",)
+                    ) -> tuple[CanonicalModel, CanonicalModel, list]:
+    """The checked canonical pair and the fixed batches :func:`run_barrier` evaluates by
+    default (for studies that evaluate the same pair their own way)."""
+    ma, mb, ds, ctx = prepare_barrier(a, b, data, methods=methods, split=split)
+    return ma, mb, fixed_batches(ds, split, batch_size=default_batch_size(ma.config, ctx),
+                                 context=ctx, max_batches=max_batches)
+
+
 def run_barrier(
     a: Any,
     b: Any,

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
-from glmc.barrier import AlignOptions, BarrierReport, run_barrier
+from glmc.barrier import AlignOptions, BarrierReport, barrier_batches, run_barrier
 from glmc.data import load_dataset
-from glmc.evaluate import Evaluator, default_batch_size, fixed_batches, load_pair_data
+from glmc.evaluate import Evaluator
 from glmc.findings import IterationStudy, learned_moves, wm_iterations
 from glmc.io.atomic import write_text
-from glmc.io.folders import load_model, write_json
+from glmc.io.folders import write_json
 from glmc.matching.options import LearnedMatchingOptions
 from glmc.plots import plot_barriers, plot_iterations, plot_moves
 from glmc.training import TrainConfig, train
@@ -150,13 +150,8 @@ def learned_options(quick: bool, steps: int | None) -> LearnedMatchingOptions:
 def study_iterations(a: Path, b: Path, data: str, max_batches: int | None
                      ) -> dict[str, IterationStudy]:
     """Finding 1 on one pair: the midpoint barrier after k weight-matching iterations."""
-    ma, mb = load_model(a), load_model(b)
-    ds, _ = load_pair_data(data, ma.canonical.config, (ma, mb))
-    cfg = ma.canonical.config
-    context = cfg.n_positions if cfg.task == "causal_lm" else None
-    batches = fixed_batches(ds, "test", batch_size=default_batch_size(cfg, context),
-                            context=context, max_batches=max_batches)
-    return wm_iterations(ma.canonical, mb.canonical, Evaluator(cfg, batches))
+    ma, mb, batches = barrier_batches(a, b, data, max_batches=max_batches)
+    return wm_iterations(ma, mb, Evaluator(ma.config, batches))
 
 
 def run_demo(

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from glmc.api import interpolate
 from glmc.evaluate import Evaluator
 from glmc.matching.learned import LearnedResult
 from glmc.matching.options import WeightMatchingOptions
@@ -62,7 +63,7 @@ def wm_iterations(a: CanonicalModel, b: CanonicalModel, evaluator: Evaluator,
         rel = [math.nan] + [row["relative"] for row in match.trace]
         for (k, t), r in zip(snapshots, rel, strict=True):
             bt = t.apply(b.spec, b.state)
-            mid = {n: (a.state[n] + bt[n]) / 2 for n in a.state}
+            mid = interpolate(a.state, bt, 0.5)
             study.iterations.append(k)
             study.midpoint_barrier.append(evaluator.evaluate(mid).loss - ends)
             study.relative_distance.append(r)
