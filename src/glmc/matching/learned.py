@@ -41,11 +41,11 @@ from glmc.matching.parametrize import (
     PermutationLatent,
     project_all,
 )
-from glmc.matching.problem import Problem
+from glmc.matching.problem import Problem, head_tensors
 from glmc.matching.weight import inner_maps
 from glmc.models.model import CanonicalModel
 from glmc.symmetry.groups import BlockMatrix, Element, Matrix, Permutation
-from glmc.symmetry.transform import Transform, apply_axes, nested_pairs
+from glmc.symmetry.transform import Transform, apply_axes
 
 StateDict = dict[str, torch.Tensor]
 
@@ -111,10 +111,9 @@ class Latents(torch.nn.Module):
         self.latents = torch.nn.ModuleDict({_key(s): m for s, m in lat.items()})
         self.space_of = {_key(s): s for s in lat}
         # Heads whose inner maps were aligned for their current assignment.
-        heads = {n for pair in nested_pairs(spec) for s in pair
-                 for n, _, _ in spec.occurrences(s)}
         # (only the heads' tensors: reassigned heads get their inner maps from them)
-        self.problem = Problem(a, b, WeightMatchingOptions(inner=inner), only=heads)
+        self.problem = Problem(a, b, WeightMatchingOptions(inner=inner),
+                               only=head_tensors(spec))
         self.aligned_for = {u: init.elements[u].perm.clone() for u in self.problem.inner_of
                             if u in init.elements}
 

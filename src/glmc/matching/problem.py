@@ -108,6 +108,11 @@ def cross_sum(pairs: list[tuple[torch.Tensor, torch.Tensor]],
     return out
 
 
+def head_tensors(spec: SymmetrySpec) -> set[str]:
+    """The tensors of every head space and its inner spaces (what aligning inner maps reads)."""
+    return {n for pair in nested_pairs(spec) for s in pair for n, _, _ in spec.occurrences(s)}
+
+
 class Problem:
     """Weighted A and B (each tensor times √w_t), the spec's units, and the distance's terms."""
 

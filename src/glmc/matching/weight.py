@@ -33,6 +33,7 @@ from glmc.matching.problem import (
     StateDict,
     WeightMatchingOptions,
     check_pair,
+    head_tensors,
     propose_heads,
     propose_permutation,
     relative,
@@ -98,7 +99,7 @@ def realign_inner(a: CanonicalModel, b: CanonicalModel, transform: Transform,
                   opts: WeightMatchingOptions | None = None) -> Transform:
     """The heads' inner maps aligned afresh for ``transform``'s head assignments and residual
     map; every other element is kept."""
-    prob = Problem(a, b, opts or WeightMatchingOptions())
+    prob = Problem(a, b, opts or WeightMatchingOptions(), only=head_tensors(a.spec))
     el = dict(transform.elements)
     for unit in units if units is not None else list(prob.inner_of):
         if prob.inner_of.get(unit):  # (circuit form: heads without inner bases)
