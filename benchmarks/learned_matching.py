@@ -20,9 +20,9 @@ from _common import machine, write_json
 from torch.func import functional_call
 from transformers import GPT2Config
 
+from glmc.families.importers import IMPORTERS
 from glmc.matching.learned import Latents, PathModel, task_loss
 from glmc.matching.weight import weight_matching
-from glmc.models.importers import IMPORTERS
 
 SIZES = {  # n_layer, n_embd, n_head, n_inner, vocab, context, batch
     "tiny": (2, 64, 4, 256, 65, 64, 16),

@@ -33,8 +33,8 @@ def run_one(name: str, iters: int, tol: float, residual: str) -> dict:
     import torch
     from transformers import GPT2Config
 
+    from glmc.families.importers import IMPORTERS
     from glmc.matching.weight import WeightMatchingOptions, weight_matching
-    from glmc.models.importers import IMPORTERS
 
     torch.set_num_threads(int(os.environ.get("GLMC_THREADS", os.cpu_count() or 1)))
     n_layer, d, h, f, vocab, ctx = SIZES[name]

@@ -25,9 +25,9 @@ from glmc.evaluate import (
     fixed_batches,
     load_eval_data,
 )
+from glmc.families.transformer import model as canonical_module
 from glmc.io.folders import load_model, write_glmc, write_model
 from glmc.matching.options import LearnedMatchingOptions
-from glmc.models import canonical as canonical_module
 from glmc.plots import plot_barriers
 from glmc.symmetry.transform import Transform
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from glmc.families.importers import NotRepresentable
+from glmc.families.transformer.circuit import to_circuit
+from glmc.families.transformer.gpt2 import NORM_F_BIAS_MIN_GAMMA
+from glmc.families.transformer.model import CanonicalConfig, rms_norm
 from glmc.io.folders import load_model, write_model
-from glmc.models.canonical import CanonicalConfig, rms_norm
-from glmc.models.circuit import to_circuit
-from glmc.models.importers import NotRepresentable
-from glmc.models.importers.gpt2 import NORM_F_BIAS_MIN_GAMMA
 from glmc.symmetry.groups import Group
 
 F64_TOL, F32_TOL = 1e-9, 1e-4

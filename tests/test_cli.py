@@ -19,8 +19,8 @@ from transformers.utils import logging as hf_logging
 import glmc
 from glmc.cli.main import COMMANDS, main
 from glmc.defaults import METHOD_NAMES
+from glmc.families.transformer.circuit import to_circuit
 from glmc.io.folders import load_model, write_model
-from glmc.models.circuit import to_circuit
 from glmc.symmetry.groups import Permutation
 from glmc.symmetry.transform import Transform
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from glmc.errors import GlmcError
-from glmc.models.circuit import to_circuit
+from glmc.families.transformer.circuit import to_circuit
 from glmc.symmetry.groups import (
     BlockMatrix,
     Element,

@@ -10,9 +10,9 @@ from transformers import GPT2LMHeadModel, ViTForImageClassification
 from transformers.utils import logging as hf_logging
 
 from glmc.errors import GlmcError
+from glmc.families.importers import IMPORTERS, NotRepresentable, importer_for
+from glmc.families.transformer.circuit import to_circuit
 from glmc.io.folders import load_model, write_model
-from glmc.models.circuit import to_circuit
-from glmc.models.importers import IMPORTERS, NotRepresentable, importer_for
 from glmc.symmetry.transform import Transform
 
 F64_TOL = 1e-9

@@ -13,9 +13,9 @@ from transformers import GPT2Config
 
 from glmc.api import interpolate
 from glmc.data.text import text_dataset
+from glmc.families.importers import IMPORTERS
 from glmc.matching.learned import LearnedMatchingOptions, learned_matching, task_loss
 from glmc.matching.weight import WeightMatchingOptions, weight_matching
-from glmc.models.importers import IMPORTERS
 from glmc.symmetry.groups import Matrix, Permutation
 from glmc.symmetry.transform import Transform
 
@@ -151,8 +151,8 @@ from glmc.data.text import text_dataset
 from glmc.matching.learned import LearnedMatchingOptions, learned_matching
 from glmc.symmetry.transform import Transform
 state = torch.load({pair!r}, weights_only=True)
-from glmc.models.model import CanonicalModel
-from glmc.models.canonical import CanonicalConfig
+from glmc.model import CanonicalModel
+from glmc.families.transformer.model import CanonicalConfig
 import json
 cfg = CanonicalConfig.from_json(json.loads(open({cfg!r}).read()))
 a, b = CanonicalModel(cfg, state["a"]), CanonicalModel(cfg, state["b"])

@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 import glmc
 import glmc.api  # (imported before any test patches what it imports)
 import glmc.demo
+import glmc.families
 import glmc.io.folders
 import glmc.io.outputs
 import glmc.training.loop
@@ -301,16 +302,17 @@ def test_an_interrupt_in_the_middle_of_a_step_names_the_checkpoint_it_left(cli, 
                                                                            every):
     """A second Ctrl-C lands mid-step (here: in the forward pass of step 8): that state is
     not saved; the message says which step the existing checkpoint holds, if any."""
-    forward = glmc.training.loop.logits_of
+    arch = glmc.families.ARCHS["gpt2"]
+    forward = type(arch).logits
     calls = []
 
-    def interrupted(model, x):
+    def interrupted(self, model, x):
         calls.append(1)
         if len(calls) == 8:
             raise KeyboardInterrupt
-        return forward(model, x)
+        return forward(self, model, x)
 
-    monkeypatch.setattr(glmc.training.loop, "logits_of", interrupted)
+    monkeypatch.setattr(type(arch), "logits", interrupted)
     _, _, text = models
     out = tmp_path / "gpt"
     rc, _, err = cli("train", "--arch", "gpt2", "--data", text, *TINY, "--steps", "24",

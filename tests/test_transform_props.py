@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from glmc.models.circuit import to_circuit
+from glmc.families.transformer.circuit import to_circuit
 from glmc.symmetry.groups import Matrix
 from glmc.symmetry.transform import Transform
 

@@ -10,14 +10,14 @@ from glmc.errors import GlmcError
 
 if TYPE_CHECKING:
     from glmc.api import Alignment, align, interpolate, load, merge, save
-    from glmc.models.model import CanonicalModel
+    from glmc.model import CanonicalModel
     from glmc.symmetry.spec import SymmetrySpec
     from glmc.symmetry.transform import Transform
 
 # Loaded on first use, so that ``import glmc.cli.main`` (and ``glmc --help``) skip torch.
 _EXPORTS = {
     **dict.fromkeys(("Alignment", "align", "interpolate", "load", "merge", "save"), "glmc.api"),
-    "CanonicalModel": "glmc.models.model",
+    "CanonicalModel": "glmc.model",
     "SymmetrySpec": "glmc.symmetry.spec",
     "Transform": "glmc.symmetry.transform",
 }

@@ -23,6 +23,7 @@ import torch
 from glmc.data import TOKENIZER_FILE, Dataset, Tokenizer
 from glmc.errors import GlmcError
 from glmc.evaluate import check_data_fits, load_pair_data
+from glmc.families.importers import Importer
 from glmc.io.folders import REPORT, LoadedModel, load_model, save_folder, write_json
 from glmc.io.outputs import check_output, model_bytes, output_errors
 from glmc.matching.learned import LearnedMatchingOptions, LearnedResult, learned_matching
@@ -33,9 +34,7 @@ from glmc.matching.weight import (
     check_pair,
     weight_matching,
 )
-from glmc.models.circuit import to_circuit
-from glmc.models.importers import Importer
-from glmc.models.model import CanonicalModel
+from glmc.model import CanonicalModel
 from glmc.symmetry.transform import StateDict, Transform
 from glmc.verify import canonical_logits, certify_folder, random_inputs
 
@@ -123,7 +122,7 @@ def prepare_pair(model_a: ModelLike, model_b: ModelLike,
     if tokenizer is not None:  # (an output of either carries it)
         a, b = (m.with_files({TOKENIZER_FILE: tokenizer}) for m in (a, b))
     if heads == "circuit":
-        a, b = to_circuit(a), to_circuit(b)
+        a, b = (m.family.circuit_form(m) for m in (a, b))
     check_pair(a, b)
     return a, b
 
@@ -298,13 +297,14 @@ def align(
             settings["data_seed"] = seed
     row_masks = {}
     if token_counts is not None:
-        if a.config.task != "causal_lm":
+        rows = a.family.token_rows(a.config)
+        if not rows:
             raise GlmcError("token counts apply to language models only")
         if token_counts.numel() != a.config.vocab_size:
             raise GlmcError(f"{token_counts.numel()} token counts for a vocabulary of "
                             f"{a.config.vocab_size}")
         mask = token_counts > 0
-        row_masks = {"embed.tok": (0, mask), "head.weight": (0, mask)}
+        row_masks = {name: (axis, mask) for name, axis in rows.items()}
     opts = WeightMatchingOptions(residual=residual, max_iter=max_iter, tol=tol,
                                  weighting=weighting, bias_weight=bias_weight,
                                  unit_cost=unit_cost, inner=inner, init=init, row_masks=row_masks)

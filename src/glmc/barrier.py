@@ -51,8 +51,8 @@ from glmc.evaluate import (
 )
 from glmc.matching.learned import LearnedMatchingOptions
 from glmc.matching.options import WeightMatchingOptions
-from glmc.models.circuit import to_circuit
-from glmc.models.model import CanonicalModel
+from glmc.model import CanonicalModel
+from glmc.tasks import TASKS
 
 _WM = WeightMatchingOptions()  # defaults are defined once, in the options
 
@@ -192,7 +192,8 @@ class _CircuitPath:
     path: InterpolationPath
 
     def model_at(self, lam: float) -> CanonicalModel:
-        return to_circuit(self.path.model_at(lam))
+        m = self.path.model_at(lam)
+        return m.family.circuit_form(m)
 
 
 def _none(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> InterpolationPath:
@@ -347,7 +348,7 @@ class BarrierReport:
 
     @property
     def is_classifier(self) -> bool:
-        return self.task == "image_classifier"
+        return TASKS[self.task].classifier
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -501,11 +502,11 @@ def run_barrier(
     if options.stock is None:
         options = replace(options, stock=prep.stock)
     if options.heads == "circuit":
-        ma, mb = to_circuit(ma), to_circuit(mb)
+        ma, mb = (m.family.circuit_form(m) for m in (ma, mb))
     bs = batch_size or default_batch_size(ma.config, ctx)
     batches = fixed_batches(ds, split, batch_size=bs, context=ctx, max_batches=max_batches)
     evaluator = Evaluator(ma.config, batches, device=dev)
-    classifier = ma.config.task == "image_classifier"
+    classifier = ma.task.classifier
 
     wa, wb = ma.to(options.dtype), mb.to(options.dtype)  # what the methods align
     results: dict[str, MethodResult] = {}

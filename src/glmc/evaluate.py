@@ -39,19 +39,18 @@ from glmc.data import (
     Dataset,
     TextDataset,
     Tokenizer,
-    check_images_fit,
-    check_text_fits,
     load_dataset,
     load_tokenizer,
     tokenizer_from_json,
 )
 from glmc.data.splits import check_split
-from glmc.defaults import DEFAULT_IMAGE_BATCH, DEFAULT_TEXT_TOKENS, TEXT_LOGITS_BUDGET
+from glmc.defaults import DEFAULT_TEXT_TOKENS
 from glmc.errors import GlmcError, reason
-from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
+from glmc.families import family_of
+from glmc.tasks import task_of
 
 if TYPE_CHECKING:
-    from glmc.models.model import CanonicalModel
+    from glmc.model import CanonicalModel
 
 StateDict = dict[str, torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -91,7 +90,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 def _saved_tokenizer(model: Any) -> tuple[Tokenizer | None, str | None]:
     """The tokenizer a model carries (a folder's ``glmc_tokenizer.json``) and where from."""
     from glmc.io.folders import LoadedModel
-    from glmc.models.model import CanonicalModel
+    from glmc.model import CanonicalModel
 
     if isinstance(model, (str, Path)):
         return load_tokenizer(model), str(Path(model) / TOKENIZER_FILE)
@@ -124,7 +123,7 @@ _UNKNOWN_CHAR = re.compile(r"^(character .*) is not in the (\d+)-character vocab
 
 def load_eval_data(
     data: str | Path | Dataset,
-    config: CanonicalConfig,
+    config: Any,
     *,
     folders: Sequence[Any] = (),
     tokenizer: str | Tokenizer | None = None,
@@ -145,7 +144,7 @@ def load_eval_data(
     """
     if not isinstance(data, (str, Path)):
         return data
-    if config.task != "causal_lm":
+    if not task_of(config).text:
         return load_dataset(str(data), seed=seed)  # images: no tokenizer
     source = None if tokenizer is None else "--tokenizer"
     if tokenizer is None:
@@ -168,7 +167,7 @@ TOKENIZER_FIX = ("pass --tokenizer char (the text's sorted characters) or --toke
                  "whichever has the model's {vocab} tokens")
 
 
-def _check_vocab(size: int, config: CanonicalConfig, what: str) -> None:
+def _check_vocab(size: int, config: Any, what: str) -> None:
     if size != config.vocab_size:
         raise GlmcError(f"{what} has {size} tokens, the model's vocabulary {config.vocab_size}; "
                         "the token ids would not be the model's "
@@ -241,7 +240,7 @@ def split_seed(models: Sequence[Any], data_seed: int | None = None) -> int:
 
 def load_pair_data(
     data: str | Path | Dataset,
-    config: CanonicalConfig,
+    config: Any,
     models: Sequence[Any],
     *,
     tokenizer: str | Tokenizer | None = None,
@@ -258,14 +257,14 @@ def load_pair_data(
         (dataset, the split seed used; None for text or an already loaded dataset).
     """
     seed = None
-    if isinstance(data, (str, Path)) and config.task != "causal_lm":
+    if isinstance(data, (str, Path)) and not task_of(config).text:
         seed = split_seed(models, data_seed)
     ds = load_eval_data(data, config, folders=models, tokenizer=tokenizer, seed=seed or 0)
     return ds, seed
 
 
 def check_data_fits(
-    config: CanonicalConfig,
+    config: Any,
     dataset: Dataset,
     *,
     split: str = "test",
@@ -282,34 +281,12 @@ def check_data_fits(
         for images.
     """
     check_split(split)
-    is_text = isinstance(dataset, TextDataset)
-    if config.task == "causal_lm":
-        if not is_text:
-            raise GlmcError(f"{where} is a language model, but dataset '{dataset.name}' "
-                            "holds images")
-        context = config.n_positions if context is None else context
-        if context < 1:
-            raise GlmcError(f"context must be at least 1, got {context}")
-        check_text_fits(dataset, config.vocab_size, context, config.n_positions)
-        n = dataset.split(split).numel()
-        if n < context + 1:
-            raise GlmcError(f"dataset '{dataset.name}': the {split} split has {n} tokens, too "
-                            f"few for context {context} (give a smaller --context)")
-        return context
-    if is_text:
-        raise GlmcError(f"{where} is an image classifier, but dataset '{dataset.name}' "
-                        "holds text")
-    check_images_fit(dataset, config.image_size, config.num_channels, config.num_labels)
-    if len(dataset.split(split)[1]) == 0:
-        raise GlmcError(f"dataset '{dataset.name}': the {split} split is empty")
-    return None
+    return task_of(config).check_fits(config, dataset, split, context, where)
 
 
-def default_batch_size(config: CanonicalConfig, context: int | None) -> int:
+def default_batch_size(config: Any, context: int | None) -> int:
     """Images: 250. Text: as many windows as keep the logits under 2**25 floats (1 to 64)."""
-    if config.task != "causal_lm":
-        return DEFAULT_IMAGE_BATCH
-    return max(1, min(64, TEXT_LOGITS_BUDGET // (max(context or 1, 1) * config.vocab_size)))
+    return task_of(config).default_batch_size(config, context)
 
 
 def fixed_batches(
@@ -383,7 +360,7 @@ class Evaluator:
 
     def __init__(
         self,
-        config: CanonicalConfig,
+        config: Any,
         batches: Sequence[Batch],
         *,
         device: str | torch.device | None = "cpu",
@@ -392,10 +369,12 @@ class Evaluator:
         self.config, self.dtype = config, dtype
         self.device = resolve_device(device)
         with torch.device("meta"):
-            shell = CanonicalTransformer(config)
-        self.module: CanonicalTransformer = shell.to_empty(device=self.device).to(dtype).eval()
+            shell = family_of(config).build(config)
+        self.module = shell.to_empty(device=self.device).to(dtype).eval()
         self.module.requires_grad_(False)
-        self.params: dict[str, torch.Tensor] = dict(self.module.named_parameters())
+        # Parameters and buffers alike (a BatchNorm's running statistics are interpolated
+        # with the weights): every entry of the state dict, as the module's own tensors.
+        self.params: dict[str, torch.Tensor] = dict(self.module.state_dict(keep_vars=True))
         self.batches = [(x.to(self.device, dtype) if x.is_floating_point() else
                          x.to(self.device), y.to(self.device)) for x, y in batches]
         self.count = sum(y.numel() for _, y in self.batches)
@@ -441,7 +420,7 @@ class Evaluator:
         """Evaluate the weights currently in the module on the fixed batches."""
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         correct = torch.zeros((), dtype=torch.float64, device=self.device)
-        classifier = self.config.task == "image_classifier"
+        classifier = task_of(self.config).classifier
         for x, y in self.batches:
             logits = self.module(x).float()
             logits = logits.reshape(-1, logits.shape[-1])
@@ -501,7 +480,7 @@ class Evaluator:
                 progress(i + 1, len(lambdas))
         return results
 
-    def _evaluator_for(self, config: CanonicalConfig) -> Evaluator:
+    def _evaluator_for(self, config: Any) -> Evaluator:
         """This evaluator when ``config`` builds its module, else one of ``config`` on its
         batches (``source``, where a model came from, builds nothing)."""
         for ev in (self, *self._others):

@@ -22,7 +22,7 @@ from glmc.evaluate import Evaluator
 from glmc.matching.learned import LearnedResult
 from glmc.matching.options import WeightMatchingOptions
 from glmc.matching.weight import weight_matching
-from glmc.models.model import CanonicalModel
+from glmc.model import CanonicalModel
 from glmc.symmetry.transform import Transform
 
 

@@ -5,25 +5,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from glmc.errors import GlmcError
 from glmc.io.folders import LoadedModel
-from glmc.models.canonical import CanonicalConfig
-from glmc.models.model import CanonicalModel
+from glmc.model import CanonicalModel
+from glmc.tasks import task_of
 
 Logits = Callable[[torch.Tensor], torch.Tensor]
 
 
-def random_inputs(cfg: CanonicalConfig, n: int = 4, seq: int = 32, seed: int = 0,
+def random_inputs(cfg: Any, n: int = 4, seq: int = 32, seed: int = 0,
                   dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """Token ids (n, min(seq, context)) or images (n, C, H, W) drawn with ``seed``."""
-    g = torch.Generator().manual_seed(seed)
-    if cfg.task == "causal_lm":
-        return torch.randint(0, cfg.vocab_size, (n, min(seq, cfg.n_positions)), generator=g)
-    shape = (n, cfg.num_channels, cfg.image_size, cfg.image_size)
-    return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    """Inputs of the model's task drawn with ``seed``: token ids (n, min(seq, context)) or
+    images (n, C, H, W)."""
+    return task_of(cfg).random_inputs(cfg, n, seq, seed, dtype)
 
 
 def canonical_logits(model: CanonicalModel, dtype: torch.dtype = torch.float64) -> Logits:
@@ -92,9 +90,9 @@ def certify_folder(folder: str | Path, x: torch.Tensor, want: torch.Tensor) -> d
     return compare(want, folder_logits(load_model(folder))(x)).to_json()
 
 
-def same_interface(a: CanonicalConfig, b: CanonicalConfig, where: str) -> None:
+def same_interface(a: Any, b: Any, where: str) -> None:
     """Raise unless models a and b take the same inputs and give logits of the same shape."""
-    keys = ("task", "vocab_size", "n_positions", "image_size", "num_channels", "num_labels")
-    for k in keys:
-        if getattr(a, k) != getattr(b, k):
-            raise GlmcError(f"{where}: models differ in {k} ({getattr(a, k)} vs {getattr(b, k)})")
+    if type(a) is not type(b):
+        raise GlmcError(f"{where}: models of different families ({type(a).family} vs "
+                        f"{type(b).family})")
+    task_of(a).same_interface(a, b, where)

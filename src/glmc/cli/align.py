@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # (torch and the library load when a command runs: --help sta
 
     from glmc.api import Alignment
     from glmc.io.folders import LoadedModel
-    from glmc.models.model import CanonicalModel
+    from glmc.model import CanonicalModel
 
 
 def load_pair(args: argparse.Namespace,

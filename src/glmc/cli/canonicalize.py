@@ -29,13 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from glmc.io.folders import load_model, save_folder
     from glmc.io.outputs import check_output, model_bytes, stored_params
-    from glmc.models.circuit import to_circuit
     from glmc.verify import canonical_logits, certify, folder_logits, random_inputs
 
     check_output(args.out, model_bytes(stored_params(args.model)), force=args.force,
                  inputs=(args.model,))
     m = load_model(args.model, allow_pickle=args.allow_pickle)
-    canon = m.canonical if args.attention == "heads" else to_circuit(m.canonical)
+    canon = m.canonical
+    if args.attention == "circuit":
+        canon = canon.family.circuit_form(canon)
     x = random_inputs(canon.config)
     cert = certify(folder_logits(m), canonical_logits(canon), x)
     report = {"command": "canonicalize", "model": str(args.model), "out": args.out,

@@ -1,8 +1,10 @@
 """Model folders: Hugging Face folders (config.json + safetensors) and glmc folders.
 
-A glmc folder holds ``config.json`` with ``{"glmc_format": 1, "canonical": {...}}`` and
-``model.safetensors`` in canonical parameter names; it is written when a model has no exact
-stock equivalent (circuit-form attention, a residual map that moves the all-ones direction).
+A glmc folder holds ``config.json`` with ``{"glmc_format": 1, "family": ..., "canonical":
+{...}}`` and ``model.safetensors`` in canonical parameter names: the format of families
+without a stock class, and of models with no exact stock equivalent (circuit-form attention,
+a residual map that moves the all-ones direction). A folder without ``family`` is a
+transformer's (written before families existed).
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from glmc.errors import GlmcError, reason
+from glmc.families import family_named
+from glmc.families.importers import Importer, NotRepresentable, importer_for
 from glmc.io.atomic import atomic_dir, atomic_path
 from glmc.io.outputs import output_errors
-from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
-from glmc.models.importers import Importer, NotRepresentable, importer_for
-from glmc.models.model import CanonicalModel
+from glmc.model import CanonicalModel
 
 GLMC_FORMAT = 1
 StateDict = dict[str, torch.Tensor]
@@ -149,12 +151,12 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
     raw = _read_json(cfg_path)
     state = read_weights(folder, allow_pickle)
     if "glmc_format" in raw:
+        family = family_named(str(raw.get("family", "transformer")), str(cfg_path))
         try:
-            cfg = CanonicalConfig.from_json(raw["canonical"])
+            cfg = family.config_class.from_json(raw["canonical"])
         except (KeyError, TypeError, ValueError) as e:
             raise GlmcError(f"{cfg_path}: invalid glmc config ({e})") from None
-        check_shapes(folder / "model.safetensors", state,
-                     _meta_shapes(lambda: CanonicalTransformer(cfg)))
+        check_shapes(folder / "model.safetensors", state, _meta_shapes(lambda: family.build(cfg)))
         _check_values(folder, state)
         state = {k: v.to(dtype) for k, v in state.items()}
         return LoadedModel(folder, CanonicalModel(cfg, state, read_side_files(folder)))
@@ -192,7 +194,8 @@ def read_side_files(folder: Path) -> dict[str, str]:
 
 
 def write_glmc(folder: Path, model: CanonicalModel) -> None:
-    cfg = {"glmc_format": GLMC_FORMAT, "canonical": model.config.to_json()}
+    cfg = {"glmc_format": GLMC_FORMAT, "family": model.family.name,
+           "canonical": model.config.to_json()}
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     save_file({k: v.contiguous() for k, v in model.state.items()},
               str(folder / "model.safetensors"), metadata={"format": "pt"})

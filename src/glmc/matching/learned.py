@@ -43,7 +43,7 @@ from glmc.matching.parametrize import (
 )
 from glmc.matching.problem import Problem, head_tensors
 from glmc.matching.weight import inner_maps
-from glmc.models.model import CanonicalModel
+from glmc.model import CanonicalModel
 from glmc.symmetry.groups import BlockMatrix, Element, Matrix, Permutation
 from glmc.symmetry.transform import Transform, apply_axes
 
@@ -366,7 +366,7 @@ def learned_matching(
     if not params:
         raise GlmcError("nothing to learn: the spec has no permutation or residual space")
     path = PathModel(a, b, latents, getattr(torch, opts.dtype))
-    context = opts.context or (a.config.n_positions if a.config.task == "causal_lm" else None)
+    context = opts.context or a.task.context(a.config)
     val_batches = _take(data.eval_batches("val", opts.batch_size, context), opts.eval_batches)
     if not val_batches:
         raise GlmcError(f"dataset '{data.name}': the validation split is too small for one "

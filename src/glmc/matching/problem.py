@@ -21,7 +21,7 @@ import torch
 from glmc.errors import GlmcError
 from glmc.matching.options import WEIGHTINGS, WeightMatchingOptions
 from glmc.matching.solvers import assignment, balancing_map, polar
-from glmc.models.model import CanonicalModel
+from glmc.model import CanonicalModel
 from glmc.symmetry.groups import BlockMatrix, Element, Permutation
 from glmc.symmetry.spec import SymmetrySpec
 from glmc.symmetry.transform import apply_axes, nested_pairs

@@ -40,7 +40,7 @@ from glmc.matching.problem import (
 )
 from glmc.matching.residual import ResidualCache, solo_cross, spectral_init
 from glmc.matching.solvers import assignment, procrustes
-from glmc.models.model import CanonicalModel
+from glmc.model import CanonicalModel
 from glmc.symmetry.groups import Element, Matrix, Permutation
 from glmc.symmetry.transform import Transform, apply_axes, unapply_axes
 

@@ -43,6 +43,16 @@ class SymmetrySpec:
     #: Kind of every space, e.g. "residual", "mlp", "heads", "qk", "ov"; matchers choose their
     #: method by the group and this role, never by the architecture.
     roles: dict[str, str] = field(default_factory=dict)
+    #: Tensors that move with their spaces but are statistics, not weights (a BatchNorm's
+    #: running mean and variance): every transform carries them, matchers do not weigh them.
+    buffers: frozenset[str] = frozenset()
+
+    def weights_only(self) -> SymmetrySpec:
+        """The spec without its buffers (what the matchers' objectives read)."""
+        if not self.buffers:
+            return self
+        axes = {k: v for k, v in self.axes.items() if k not in self.buffers}
+        return SymmetrySpec(dict(self.spaces), axes, dict(self.roles))
 
     def occurrences(self, space: str) -> Iterator[tuple[str, int, Variance]]:
         """Every (parameter, axis, variance) that ``space`` acts on."""
@@ -75,6 +85,7 @@ class SymmetrySpec:
         return {
             "spaces": {k: g.to_json() for k, g in self.spaces.items()},
             "roles": dict(self.roles),
+            "buffers": sorted(self.buffers),
             "axes": {
                 k: [None if t is None else [list(p) for p in t] for t in tags]
                 for k, tags in self.axes.items()

@@ -12,9 +12,9 @@ from glmc._lazy import lazy_exports
 _EXPORTS = {
     **dict.fromkeys(("ARCHS", "TrainConfig"), "glmc.training.options"),
     **dict.fromkeys(("checkpoint_dir", "checkpoint_path"), "glmc.training.checkpoint"),
-    **dict.fromkeys(("hf_config", "load_training_data"), "glmc.training.config"),
-    **dict.fromkeys(("TRAIN_FILE", "TrainingStopped", "build_model", "evaluate", "logits_of",
-                     "lr_factor", "train"), "glmc.training.loop"),
+    **dict.fromkeys(("load_training_data", "model_config"), "glmc.training.config"),
+    **dict.fromkeys(("TRAIN_FILE", "TrainingStopped", "evaluate", "lr_factor", "train"),
+                    "glmc.training.loop"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

@@ -20,7 +20,7 @@ import torch
 from glmc.errors import GlmcError, reason
 from glmc.io.atomic import atomic_path
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: the model config under "model_config", any family
 CHECKPOINT_FILE = "checkpoint.pt"
 
 
@@ -56,7 +56,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise GlmcError(f"{path}: cannot read checkpoint ({reason(e)})") from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise GlmcError(f"{path}: not a glmc training checkpoint (format {CHECKPOINT_FORMAT})")
-    for key in ("config", "data", "hf_config", "log"):
+    for key in ("config", "data", "model_config", "log"):
         try:
             payload[key] = json.loads(payload[key])
         except (KeyError, TypeError, ValueError) as e:

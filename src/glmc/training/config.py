@@ -1,88 +1,71 @@
 """What a training run is: :class:`TrainConfig` and its checks (defined, torch-free, in
-:mod:`glmc.training.options`), the data it loads and the HF model config it implies."""
+:mod:`glmc.training.options`), the data it loads and the model config it implies (asked of the
+architecture's family, :data:`glmc.families.ARCHS`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from transformers import GPT2Config, PretrainedConfig, ViTConfig
-
-from glmc.data import Dataset, ImageDataset, TextDataset, check_images_fit, check_text_fits
+from glmc.data import Dataset, ImageDataset, TextDataset
 from glmc.errors import GlmcError
+from glmc.families import arch_named
+from glmc.families.base import Arch
+from glmc.tasks import TASKS
 from glmc.training.options import ARCHS, RUNTIME_FIELDS, TrainConfig
 
-__all__ = ["ARCHS", "GPT2_EOS", "RUNTIME_FIELDS", "TrainConfig", "check_fits", "data_summary",
-           "hf_config", "load_training_data"]
-
-GPT2_EOS = 50256  # GPT-2's <|endoftext|>; only meaningful with the BPE vocabulary
+__all__ = ["ARCHS", "RUNTIME_FIELDS", "TrainConfig", "data_summary", "load_training_data",
+           "model_config"]
 
 
 def load_training_data(cfg: TrainConfig) -> Dataset:
-    """Load ``cfg.data`` and check it suits ``cfg.arch`` (text for GPT-2, images for ViT).
+    """Load ``cfg.data`` and check it suits ``cfg.arch``'s task (text or images).
 
     Raises:
-        GlmcError: unreadable data, text for ViT or images for GPT-2, a context longer than a
-            split, or a patch size that does not divide the image side.
+        GlmcError: unreadable data, images for a language model or text for a classifier, a
+            context longer than a split, a batch larger than the training images.
     """
     from glmc.data import load_dataset
 
-    text = cfg.arch == "gpt2"
+    arch = arch_named(cfg.arch)
+    text = TASKS[arch.task].text
     if not text and cfg.tokenizer != "char":
-        raise GlmcError(f"--tokenizer {cfg.tokenizer} applies to text, but --arch vit trains on "
-                        "images")
+        raise GlmcError(f"--tokenizer {cfg.tokenizer} applies to text, but --arch {cfg.arch} "
+                        "trains on images")
     ds = load_dataset(cfg.data, seed=cfg.data_seed, context=cfg.context if text else None,
                       tokenizer=cfg.tokenizer if text else "char")
     if text and not isinstance(ds, TextDataset):
-        raise GlmcError(f"dataset '{ds.name}' holds images, but --arch gpt2 trains on text "
-                        "(use --arch vit)")
+        raise GlmcError(f"dataset '{ds.name}' holds images, but --arch {cfg.arch} trains on "
+                        f"text (use an image architecture: {_others(text=False)})")
     if not text:
         if not isinstance(ds, ImageDataset):
-            raise GlmcError(f"dataset '{ds.name}' holds text, but --arch vit trains on images "
-                            "(use --arch gpt2)")
+            raise GlmcError(f"dataset '{ds.name}' holds text, but --arch {cfg.arch} trains on "
+                            f"images (use {_others(text=True)})")
         n_train = int(ds.split("train")[1].numel())
         if cfg.batch_size > n_train:
             raise GlmcError(f"batch size {cfg.batch_size} exceeds the {n_train} training images "
                             f"of '{ds.name}'")
-        if ds.image_size % cfg.patch_size:
-            raise GlmcError(
-                f"patch size {cfg.patch_size} does not divide the {ds.image_size}x"
-                f"{ds.image_size} images of '{ds.name}' (choose a divisor of {ds.image_size})"
-            )
     return ds
 
 
-def hf_config(cfg: TrainConfig, ds: Dataset) -> PretrainedConfig:
-    """The transformers config of the model ``cfg`` trains on ``ds`` (sizes from the data).
+def _others(text: bool) -> str:
+    from glmc.families import ARCHS as REGISTERED
 
-    GPT-2: untied embeddings (as in the paper), ``n_positions = context``, ``gelu_new``.
-    ViT: ``image_size``/``num_channels``/``num_labels`` from the data, GELU, q/k/v biases.
-    """
-    p = cfg.dropout
-    if cfg.arch == "gpt2":
-        assert isinstance(ds, TextDataset)
-        vocab = ds.vocab_size
-        eos = GPT2_EOS if vocab > GPT2_EOS else None  # small vocabularies have no special token
-        return GPT2Config(
-            vocab_size=vocab, n_positions=cfg.context, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
-            n_head=cfg.n_head, n_inner=cfg.mlp_width, activation_function="gelu_new",
-            resid_pdrop=p, embd_pdrop=p, attn_pdrop=p, tie_word_embeddings=False,
-            bos_token_id=eos, eos_token_id=eos,
-        )
-    assert isinstance(ds, ImageDataset)
-    return ViTConfig(
-        image_size=ds.image_size, patch_size=cfg.patch_size, num_channels=ds.num_channels,
-        num_labels=ds.num_classes, hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer,
-        num_attention_heads=cfg.n_head, intermediate_size=cfg.mlp_width, hidden_act="gelu",
-        qkv_bias=True, hidden_dropout_prob=p, attention_probs_dropout_prob=p,
-    )
+    return ", ".join(f"--arch {a.name}" for a in REGISTERED.values() if TASKS[a.task].text == text)
 
 
-def check_fits(hf: PretrainedConfig, ds: Dataset, cfg: TrainConfig) -> None:
-    """Raise GlmcError unless ``ds`` fits the model ``hf`` (e.g. a checkpoint's model)."""
-    if isinstance(hf, GPT2Config):
-        check_text_fits(ds, hf.vocab_size, cfg.context, hf.n_positions)
-    else:
-        check_images_fit(ds, hf.image_size, hf.num_channels, hf.num_labels)
+def model_config(cfg: TrainConfig, ds: Dataset) -> tuple[Arch, Any]:
+    """The architecture of ``cfg`` and the model config it trains on ``ds`` (sizes from the
+    data)."""
+    arch = arch_named(cfg.arch)
+    return arch, arch.model_config(cfg, ds)
+
+
+def check_fits(arch: Arch, config: Any, ds: Dataset, cfg: TrainConfig) -> None:
+    """Raise GlmcError unless ``ds`` fits a model of ``config`` (e.g. a checkpoint's; a stock
+    config names its sizes as the task reads them)."""
+    task = TASKS[arch.task]
+    task.check_fits(config, ds, "train", cfg.context if task.text else None,
+                    f"--arch {arch.name}")
 
 
 def data_summary(ds: Dataset) -> dict[str, Any]:

@@ -35,16 +35,11 @@ from rich.progress import (
 from torch import nn
 from torch.optim import AdamW
 from torch.optim.lr_scheduler import LambdaLR
-from transformers import (
-    GPT2Config,
-    GPT2LMHeadModel,
-    PretrainedConfig,
-    ViTConfig,
-    ViTForImageClassification,
-)
 
 from glmc.data import DATASETS, Dataset, TextDataset, save_tokenizer
 from glmc.errors import GlmcError
+from glmc.families import arch_named
+from glmc.families.base import Arch
 from glmc.io.atomic import atomic_dir, atomic_path
 from glmc.io.folders import TRAIN_FILE
 from glmc.io.outputs import (
@@ -65,8 +60,8 @@ from glmc.training.config import (
     TrainConfig,
     check_fits,
     data_summary,
-    hf_config,
     load_training_data,
+    model_config,
 )
 
 RECORD_FORMAT = 1
@@ -87,22 +82,6 @@ class TrainingStopped(KeyboardInterrupt):
 
 
 # -- model, optimiser, schedule -----------------------------------------------------------------
-
-
-def build_model(hf: PretrainedConfig) -> nn.Module:
-    """A freshly initialised stock model (draws from torch's global RNG; no download)."""
-    if isinstance(hf, GPT2Config):
-        return GPT2LMHeadModel(hf)
-    if isinstance(hf, ViTConfig):
-        return ViTForImageClassification(hf)
-    raise GlmcError(f"cannot train a {type(hf).__name__}")
-
-
-def logits_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Logits ``(B, T, V)`` for token ids ``(B, T)``, or ``(B, K)`` for images ``(B, C, H, W)``."""
-    if isinstance(model, GPT2LMHeadModel):
-        return model(input_ids=x, use_cache=False).logits
-    return model(pixel_values=x).logits
 
 
 def lr_factor(update: int, warmup: int, total: int) -> float:
@@ -191,6 +170,7 @@ def evaluate(
     Uses the ordered ``ds.eval_batches`` pass with ``cfg.batch_size`` rows per batch, stopping
     after ``max_batches`` batches (``None``: the whole split); means are per token / image.
     """
+    arch = arch_named(cfg.arch)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -199,7 +179,7 @@ def evaluate(
     for i, (x, y) in enumerate(ds.eval_batches(split, cfg.batch_size, context)):
         if max_batches is not None and i >= max_batches:
             break
-        logits = logits_of(model, x.to(device))
+        logits = arch.logits(model, x.to(device))
         flat, target = logits.reshape(-1, logits.shape[-1]).float(), y.to(device).reshape(-1)
         loss_sum += float(F.cross_entropy(flat, target, reduction="sum"))
         correct += int((flat.argmax(-1) == target).sum())
@@ -285,8 +265,8 @@ def _run(
     on_step: StepCallback | None, stop_after: int | None,
 ) -> dict[str, Any]:
     ds = load_training_data(cfg)
-    hf = hf_config(cfg, ds)
-    check_free_space(out, _output_bytes(hf), out)
+    arch, config = model_config(cfg, ds)
+    check_free_space(out, _output_bytes(arch, config), out)
     summary = data_summary(ds)
     ckpt_file = checkpoint_path(out)
     state = None
@@ -297,7 +277,7 @@ def _run(
         if resume and progress:  # (quiet callers, like the demo's cache, resume by default)
             _notice(f"no checkpoint at {ckpt_file}; starting from step 0")
         remove_checkpoint(out)  # (with --force: start over; the old run is discarded)
-    run = _Session(cfg, hf, ds, device, ckpt_file, summary)
+    run = _Session(cfg, arch, config, ds, device, ckpt_file, summary)
     if state is not None:
         run.restore(state)
         _notice(f"resuming {out} from step {run.step}")
@@ -317,22 +297,22 @@ def _run(
     return record
 
 
-def _output_bytes(hf: PretrainedConfig) -> int:
+def _output_bytes(arch: Arch, config: Any) -> int:
     """The model folder, and a checkpoint (weights + AdamW's two moments) in flight."""
     with torch.device("meta"):
-        n = sum(p.numel() for p in build_model(hf).parameters())
+        n = sum(p.numel() for p in arch.build(config).parameters())
     return model_bytes(n) + 3 * BYTES_PER_PARAM * n
 
 
 class _Session:
     """One run's state (model, optimiser, schedule, data stream, log) and its checkpoints."""
 
-    def __init__(self, cfg: TrainConfig, hf: PretrainedConfig, ds: Dataset,
+    def __init__(self, cfg: TrainConfig, arch: Arch, config: Any, ds: Dataset,
                  device: torch.device, ckpt_file: Path, summary: dict[str, Any]) -> None:
-        self.cfg, self.hf, self.ds, self.device = cfg, hf, ds, device
+        self.cfg, self.arch, self.config, self.ds, self.device = cfg, arch, config, ds, device
         self.ckpt_file, self.summary = ckpt_file, summary
         torch.manual_seed(cfg.seed)
-        self.model = build_model(hf).to(device)
+        self.model = arch.build(config).to(device)
         self.model.train()
         self.opt, self.sched = make_optimizer(self.model, cfg)
         self.stream = BatchStream(ds, cfg, torch.Generator().manual_seed(cfg.seed))
@@ -364,7 +344,8 @@ class _Session:
         self.log["wall_time_s"] = self.base_wall + time.perf_counter() - self.started
         payload = {
             "config": json.dumps(self.cfg.to_json()), "data": json.dumps(self.summary),
-            "hf_config": self.hf.to_json_string(use_diff=False), "log": json.dumps(self.log),
+            "model_config": json.dumps(self.arch.config_to_json(self.config)),
+            "log": json.dumps(self.log),
             "step": self.step, "pending": self.pending, "model": self.model.state_dict(),
             "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
             "stream": self.stream.state_dict(), "torch_rng": torch.get_rng_state(),
@@ -383,7 +364,7 @@ class _Session:
         t0 = time.perf_counter()
         x, y = self.stream.next()
         x, y = x.to(self.device), y.to(self.device)
-        logits = logits_of(self.model, x)
+        logits = self.arch.logits(self.model, x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -422,9 +403,7 @@ class _Session:
         record = _record(cfg, self.summary, self.model, log)
         with output_errors(out), atomic_dir(out) as tmp:
             with _hf_progress_bars(False):
-                # save_original_format=False: keep transformers 5 tensor names (vit.layers.N...),
-                # which glmc's importers read, rather than the legacy hub names.
-                self.model.to("cpu").save_pretrained(str(tmp), save_original_format=False)
+                self.arch.save(self.model, self.config, tmp)
             if isinstance(ds, TextDataset):
                 save_tokenizer(tmp, ds.tokenizer)
             with atomic_path(tmp / TRAIN_FILE) as f:
@@ -506,9 +485,8 @@ def _check_resumable(
     if old != cfg.identity():
         raise GlmcError(f"cannot resume: {where} was made with {_differences(old, cfg.identity())}"
                         f"; {_START_OVER}")
-    old_hf = state["hf_config"]
-    hf_class = GPT2Config if old_hf.get("model_type") == "gpt2" else ViTConfig
-    check_fits(hf_class.from_dict(old_hf), ds, cfg)
+    arch = arch_named(cfg.arch)
+    check_fits(arch, arch.config_from_json(state["model_config"]), ds, cfg)
     if state["data"] != summary:
         diff = [k for k in summary if state["data"].get(k) != summary[k]]
         raise GlmcError(f"cannot resume: the data '{cfg.data}' differ from those of {where} "

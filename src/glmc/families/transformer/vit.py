@@ -15,16 +15,15 @@ import torch
 from transformers import ViTConfig, ViTForImageClassification
 
 from glmc.errors import GlmcError
-from glmc.models.importers.base import (
+from glmc.families.importers import (
     Importer,
     NotRepresentable,
     StateDict,
-    base_config,
     register,
-    require_stock_form,
 )
-from glmc.models.model import CanonicalModel
-from glmc.models.rewrite import centre, fold_norm, settle_attention_biases
+from glmc.families.transformer.rewrite import centre, fold_norm, settle_attention_biases
+from glmc.families.transformer.stock import base_config, require_stock_form
+from glmc.model import CanonicalModel
 
 # transformers' save_pretrained still writes the original hub names; read both layouts.
 _ORIGINAL_NAMES = [

@@ -7,7 +7,7 @@ Spaces: ``res`` (residual stream, orthogonal), ``mlp.{i}`` (hidden units, permut
 
 from __future__ import annotations
 
-from glmc.models.canonical import CanonicalConfig
+from glmc.families.transformer.model import CanonicalConfig
 from glmc.symmetry.groups import Group
 from glmc.symmetry.spec import AxisTag, SymmetrySpec, inp, out
 

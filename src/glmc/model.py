@@ -1,15 +1,18 @@
-"""CanonicalModel: a canonical config plus its state dict, the value matchers work on."""
+"""CanonicalModel: a family's canonical config plus its state dict, the value matchers work on.
+
+The config's class names its family (``glmc.families``), which builds the module and gives
+the symmetry spec; its ``task`` (``glmc.tasks``) says what the model reads and predicts.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import torch
+from torch import nn
 
-from glmc.models.canonical import CanonicalConfig, CanonicalTransformer, build
-from glmc.models.canonical_spec import canonical_spec
-from glmc.models.rewrite import max_mean_along
 from glmc.symmetry.spec import SymmetrySpec
 from glmc.symmetry.transform import StateDict, Transform
 
@@ -18,23 +21,37 @@ from glmc.symmetry.transform import StateDict, Transform
 class CanonicalModel:
     """A canonical config, its state dict, and the files that travel with the model.
 
-    ``files`` (name -> text: ``glmc_tokenizer.json``, ``generation_config.json``) are read
-    beside the weights, kept by every rewrite and written into every output folder.
+    ``state`` holds every tensor of the module's state dict: parameters and the buffers that
+    describe the function (a BatchNorm's running statistics). ``files`` (name -> text:
+    ``glmc_tokenizer.json``, ``generation_config.json``) are read beside the weights, kept by
+    every rewrite and written into every output folder.
     """
 
-    config: CanonicalConfig
+    config: Any
     state: StateDict
     files: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
+    @property
+    def family(self):  # -> glmc.families.Family (imported late: families import this module)
+        from glmc.families import family_of
+
+        return family_of(self.config)
+
+    @property
+    def task(self):  # -> glmc.tasks.Task
+        from glmc.tasks import task_of
+
+        return task_of(self.config)
+
     @cached_property
     def spec(self) -> SymmetrySpec:
-        spec = canonical_spec(self.config)
+        spec = self.family.spec(self.config)
         spec.validate({k: tuple(v.shape) for k, v in self.state.items()})
         return spec
 
-    def module(self, dtype: torch.dtype | None = None) -> CanonicalTransformer:
+    def module(self, dtype: torch.dtype | None = None) -> nn.Module:
         state = self.state if dtype is None else {k: v.to(dtype) for k, v in self.state.items()}
-        return build(self.config, state)
+        return self.family.build(self.config, state)
 
     def with_state(self, state: StateDict) -> CanonicalModel:
         return CanonicalModel(self.config, state, self.files)
@@ -54,19 +71,9 @@ class CanonicalModel:
         return next(iter(self.state.values())).dtype
 
     def uncentred_writer(self, tol: float = 1e-5) -> tuple[str, float] | None:
-        """The first residual writer that is not mean-zero, with its relative mean, or None.
-
-        When there is none the stream never leaves the ones-complement, so every norm acts as
-        a LayerNorm would. (The final norm's bias is added after the last norm: not a writer.)
-        """
-        spec = self.spec
-        for s in (s for s, role in spec.roles.items() if role == "residual"):
-            for n, axis, var in spec.occurrences(s):
-                if var == "out" and n != "norm_f.bias":
-                    dev = max_mean_along(self.state[n], axis)
-                    if dev > tol:
-                        return n, dev
-        return None
+        """The first residual writer that is not mean-zero, with its relative mean, or None
+        (None also for a family without a residual stream to centre)."""
+        return self.family.uncentred_writer(self, tol)
 
     def n_params(self) -> int:
         return sum(v.numel() for v in self.state.values())

@@ -10,7 +10,7 @@ and a constant O_h v_h that joins the output bias.
 
 from __future__ import annotations
 
-from glmc.models.model import CanonicalModel
+from glmc.model import CanonicalModel
 
 
 def to_circuit(model: CanonicalModel) -> CanonicalModel:

@@ -15,16 +15,15 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from glmc.errors import GlmcError
-from glmc.models.importers.base import (
+from glmc.families.importers import (
     Importer,
     NotRepresentable,
     StateDict,
-    base_config,
     register,
-    require_stock_form,
 )
-from glmc.models.model import CanonicalModel
-from glmc.models.rewrite import centre, fold_norm, settle_attention_biases
+from glmc.families.transformer.rewrite import centre, fold_norm, settle_attention_biases
+from glmc.families.transformer.stock import base_config, require_stock_form
+from glmc.model import CanonicalModel
 
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers of old files
 

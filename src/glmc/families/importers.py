@@ -8,8 +8,7 @@ import torch
 from torch import nn
 
 from glmc.errors import GlmcError
-from glmc.models.canonical import CanonicalConfig
-from glmc.models.model import CanonicalModel
+from glmc.model import CanonicalModel
 
 StateDict = dict[str, torch.Tensor]
 
@@ -76,28 +75,3 @@ def importer_for(model_type: str, where: str = "") -> Importer:
             f"{where}: unsupported architecture {model_type!r} (supported: {supported})"
         )
     return IMPORTERS[model_type]
-
-
-def require_stock_form(model: CanonicalModel, source: str, tol: float = 1e-5) -> None:
-    """Raise NotRepresentable unless ``model`` is a LayerNorm model in disguise.
-
-    That holds when the attention is in head form and every residual writer is mean-zero
-    (the residual map fixed the all-ones direction), so LayerNorm(γ=1, β=0) = RMSNorm.
-    """
-    cfg = model.config
-    if cfg.source.get("arch") != source:
-        raise NotRepresentable(f"model came from {cfg.source.get('arch')!r}, not {source!r}")
-    if cfg.attention != "heads":
-        raise NotRepresentable("attention is in circuit form (head dim = d_model)")
-    bad = model.uncentred_writer(tol)
-    if bad is not None:
-        raise NotRepresentable(
-            f"residual writer {bad[0]} is not mean-zero (relative mean {bad[1]:.2e}): the "
-            "residual map does not fix the all-ones direction"
-        )
-
-
-def base_config(hf_config: Any, task: str, **fields: Any) -> CanonicalConfig:
-    """A canonical config recording the stock config for export."""
-    return CanonicalConfig(task=task, source={"arch": hf_config.model_type,
-                                              "config": hf_config.to_dict()}, **fields)

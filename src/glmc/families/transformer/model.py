@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +45,8 @@ ACTIVATIONS = {
 
 @dataclass
 class CanonicalConfig:
+    family: ClassVar[str] = "transformer"
+
     task: str  # "causal_lm" | "image_classifier"
     d_model: int
     n_layer: int

@@ -1,0 +1,104 @@
+"""The family interface: what an architecture family gives the rest of glmc.
+
+A family (``glmc.families.transformer``, ``glmc.families.convnet``) owns a canonical config
+class, the module it builds, the symmetry spec of that module, the stock formats it imports,
+and the architectures ``glmc train`` can train. Everything else (matchers, evaluation, the
+barrier, the CLI) works on a :class:`~glmc.model.CanonicalModel` through this interface and
+the config's task (:mod:`glmc.tasks`), and never names an architecture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from glmc.symmetry.spec import SymmetrySpec
+
+if TYPE_CHECKING:
+    from glmc.data import Dataset
+    from glmc.model import CanonicalModel
+    from glmc.training.options import TrainConfig
+
+StateDict = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A point inside the module where a space's units can be observed on data.
+
+    ``module`` is a submodule's name; its output's axis 1 (channels, or features of a 2-D
+    output) lists the units of ``space`` in the model's order. ``affine``: the tensors
+    (weight, bias), both indexed by that axis, through which an affine correction of each
+    unit's output is folded in (REPAIR); None where the output cannot be rescaled that way.
+    """
+
+    module: str
+    space: str
+    affine: tuple[str, str] | None = None
+
+
+class Family:
+    """An architecture family; one instance per family, registered in ``FAMILIES``."""
+
+    name: ClassVar[str]
+    config_class: ClassVar[type]
+
+    def build(self, config: Any, state: StateDict | None = None) -> nn.Module:
+        """The module of ``config`` in eval mode, with ``state`` loaded strictly when given
+        (its dtype then follows ``state``)."""
+        raise NotImplementedError
+
+    def spec(self, config: Any) -> SymmetrySpec:
+        raise NotImplementedError
+
+    def uncentred_writer(self, model: CanonicalModel, tol: float) -> tuple[str, float] | None:
+        """The first residual writer that is not mean-zero (see CanonicalModel)."""
+        return None
+
+    def token_rows(self, config: Any) -> dict[str, int]:
+        """Tensors with an axis indexed by the vocabulary (name -> axis), for token masks."""
+        return {}
+
+    def circuit_form(self, model: CanonicalModel) -> CanonicalModel:
+        """The same function with attention heads as circuits (``--heads circuit``)."""
+        from glmc.errors import GlmcError
+
+        raise GlmcError(f"{self.name} models have no attention heads to write as circuits")
+
+    def probes(self, config: Any) -> list[Probe]:
+        """Where each space's units can be observed (activation matching, REPAIR)."""
+        return []
+
+
+class Arch:
+    """An architecture ``glmc train`` can train from scratch (``--arch NAME``).
+
+    ``model_config`` derives the architecture's config from the training options and the
+    data; ``build`` initialises a fresh module from torch's global RNG; ``save`` writes a
+    folder that :func:`glmc.io.folders.load_model` reads.
+    """
+
+    name: ClassVar[str]
+    task: ClassVar[str]
+    help: ClassVar[str]
+
+    def model_config(self, cfg: TrainConfig, ds: Dataset) -> Any:
+        raise NotImplementedError
+
+    def config_to_json(self, config: Any) -> dict:
+        return config.to_json()
+
+    def config_from_json(self, raw: dict) -> Any:
+        raise NotImplementedError
+
+    def build(self, config: Any) -> nn.Module:
+        raise NotImplementedError
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return model(x)
+
+    def save(self, model: nn.Module, config: Any, folder: Any) -> None:
+        raise NotImplementedError

@@ -1,0 +1,92 @@
+"""The stock transformers ``glmc train`` trains: GPT-2 on text, ViT on images.
+
+Both are the transformers classes, saved as Hugging Face folders that the importers read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel, ViTConfig, ViTForImageClassification
+
+from glmc.data import Dataset
+from glmc.families import register_arch
+from glmc.families.base import Arch
+
+GPT2_EOS = 50256  # GPT-2's <|endoftext|>; only meaningful with the BPE vocabulary
+
+
+class _StockArch(Arch):
+    """An architecture saved as a transformers folder (config.json + safetensors)."""
+
+    config_class: type
+    model_class: type
+
+    def config_to_json(self, config: Any) -> dict:
+        return config.to_dict()
+
+    def config_from_json(self, raw: dict) -> Any:
+        return self.config_class.from_dict(raw)
+
+    def build(self, config: Any) -> nn.Module:
+        return self.model_class(config)
+
+    def save(self, model: nn.Module, config: Any, folder: Path) -> None:
+        # save_original_format=False: keep transformers 5 tensor names (vit.layers.N...),
+        # which glmc's importers read, rather than the legacy hub names.
+        model.to("cpu").save_pretrained(str(folder), save_original_format=False)
+
+
+class GPT2Arch(_StockArch):
+    """GPT2LMHeadModel: untied embeddings (as in the paper), ``n_positions = context``,
+    ``gelu_new``; the vocabulary comes from the data."""
+
+    name, task, help = "gpt2", "causal_lm", "GPT2LMHeadModel on text"
+    config_class, model_class = GPT2Config, GPT2LMHeadModel
+
+    def model_config(self, cfg: Any, ds: Dataset) -> GPT2Config:
+        p, vocab = cfg.dropout, ds.vocab_size
+        eos = GPT2_EOS if vocab > GPT2_EOS else None  # small vocabularies have no special token
+        return GPT2Config(
+            vocab_size=vocab, n_positions=cfg.context, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+            n_head=cfg.n_head, n_inner=cfg.mlp_width, activation_function="gelu_new",
+            resid_pdrop=p, embd_pdrop=p, attn_pdrop=p, tie_word_embeddings=False,
+            bos_token_id=eos, eos_token_id=eos,
+        )
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=x, use_cache=False).logits
+
+
+class ViTArch(_StockArch):
+    """ViTForImageClassification: image size, channels and classes from the data, GELU,
+    q/k/v biases; ``--patch-size`` must divide the image side."""
+
+    name, task, help = "vit", "image_classifier", "ViTForImageClassification on images"
+    config_class, model_class = ViTConfig, ViTForImageClassification
+
+    def model_config(self, cfg: Any, ds: Dataset) -> ViTConfig:
+        from glmc.errors import GlmcError
+
+        if ds.image_size % cfg.patch_size:
+            raise GlmcError(
+                f"patch size {cfg.patch_size} does not divide the {ds.image_size}x"
+                f"{ds.image_size} images of '{ds.name}' (choose a divisor of {ds.image_size})"
+            )
+        p = cfg.dropout
+        return ViTConfig(
+            image_size=ds.image_size, patch_size=cfg.patch_size, num_channels=ds.num_channels,
+            num_labels=ds.num_classes, hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer,
+            num_attention_heads=cfg.n_head, intermediate_size=cfg.mlp_width, hidden_act="gelu",
+            qkv_bias=True, hidden_dropout_prob=p, attention_probs_dropout_prob=p,
+        )
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return model(pixel_values=x).logits
+
+
+for _arch in (GPT2Arch(), ViTArch()):
+    register_arch(_arch)
