@@ -60,7 +60,7 @@ def test_barrier_hand_computed():
 
 def test_unknown_method_lists_the_available_ones():
     with pytest.raises(GlmcError, match=r"available: none, canonical, weight, weight-perm"):
-        get_method("activation")
+        get_method("activations")
 
 
 # -- tiny models on disk ------------------------------------------------------------------

@@ -69,7 +69,7 @@ def test_uncentred_writer_is_reported(h):
 def test_canonical_config_round_trips_through_json(h, arch):
     cfg = h.make_tiny(arch).canonical().config
     assert CanonicalConfig.from_json(cfg.to_json()) == cfg
-    with pytest.raises(ValueError, match="unknown canonical config keys"):
+    with pytest.raises(ValueError, match="unknown transformer config keys"):
         CanonicalConfig.from_json({**cfg.to_json(), "bogus": 1})
     with pytest.raises(ValueError, match="unknown task"):
         cfg.replace(task="seq2seq")

@@ -20,12 +20,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from glmc.correction import check_correction, correct
 from glmc.data import TOKENIZER_FILE, Dataset, Tokenizer
+from glmc.defaults import ALIGN_METHODS, MERGE_METHODS
 from glmc.errors import GlmcError
-from glmc.evaluate import check_data_fits, load_pair_data
+from glmc.evaluate import check_data_fits, fixed_batches, load_pair_data
 from glmc.families.importers import Importer
 from glmc.io.folders import REPORT, LoadedModel, load_model, save_folder, write_json
 from glmc.io.outputs import check_output, model_bytes, output_errors
+from glmc.matching.activation import activation_matching
 from glmc.matching.learned import LearnedMatchingOptions, LearnedResult, learned_matching
 from glmc.matching.weight import (
     MatchResult,
@@ -42,10 +45,7 @@ _WM = WeightMatchingOptions()  # defaults are defined once, in the options
 
 ModelLike = CanonicalModel | LoadedModel | str | Path
 
-METHODS = ("weight", "learned")
-#: What :func:`merge` takes: no alignment (``none``: the stock weights averaged as loaded, the
-#: paper's vanilla baseline; ``canonical``: averaging in canonical coordinates), or a method.
-MERGE_METHODS = ("none", "canonical", *METHODS)
+METHODS = ALIGN_METHODS
 
 
 def load(path: str | Path, *, allow_pickle: bool = False) -> LoadedModel:
@@ -290,11 +290,15 @@ def align(
     settings = {"a": name_of(model_a, "A"), "b": name_of(model_b, "B"), "method": method,
                 "residual": residual, "heads": heads}
     options = replace(learned or LearnedMatchingOptions(), residual=residual)
-    if method == "learned":  # the data are checked before any matching
+    if method in ("learned", "activation"):  # the data are checked before any matching
         data, seed = learning_data(a, data, tokenizer, settings["a"],
-                                   models=(model_a, model_b), data_seed=data_seed)
+                                   models=(model_a, model_b), data_seed=data_seed,
+                                   method=method)
         if seed is not None:
             settings["data_seed"] = seed
+    if method == "activation":
+        transform = activation_matching(a, b, statistics_batches(a, data))
+        return Alignment(a, b, b.transformed(transform), transform, None, settings=settings)
     row_masks = {}
     if token_counts is not None:
         rows = a.family.token_rows(a.config)
@@ -322,19 +326,35 @@ def align(
 def learning_data(a: CanonicalModel, data: str | Path | Dataset | None,
                   tokenizer: str | Tokenizer | None, where: str, *,
                   models: Sequence[Any] = (), data_seed: int | None = None,
-                  ) -> tuple[Dataset, int | None]:
-    """The data of learned matching (a name, a path or a dataset), checked to fit ``a``
-    in its train and val splits, and the image split seed used (None for text).
+                  method: str = "learned") -> tuple[Dataset, int | None]:
+    """The data of a data-driven method (learned or activation matching, a correction: a
+    name, a path or a dataset), checked to fit ``a`` in its train and val splits, and the
+    image split seed used (None for text).
 
     ``models``: the pair as given (folders and LoadedModels hold their training records, whose
     split seed wins; ``data_seed`` applies when none does; see :func:`load_pair_data`)."""
     if data is None:
-        raise GlmcError("learned matching trains on data: give --data (data= in Python)")
+        raise GlmcError(f"{method} reads training data: give --data (data= in Python)")
     ds, seed = load_pair_data(data, a.config, [a, *models], tokenizer=tokenizer,
                               data_seed=data_seed)
     for split in ("train", "val"):
         check_data_fits(a.config, ds, split=split, where=where)
     return ds, seed
+
+
+#: Training examples the data-driven steps read (activation matching, BatchNorm reset,
+#: REPAIR): enough for stable per-unit statistics, in fixed batches of the train split.
+STATISTICS_EXAMPLES = 2000
+
+
+def statistics_batches(a: CanonicalModel, data: Dataset) -> list:
+    """Fixed training batches (the first ``STATISTICS_EXAMPLES`` examples, or windows of
+    text) for per-unit statistics of models like ``a``."""
+    context = a.task.context(a.config)
+    size = a.task.default_batch_size(a.config, context)
+    per_batch = size * (context or 1)
+    n = max(1, -(-STATISTICS_EXAMPLES // per_batch) if context is None else 4)
+    return fixed_batches(data, "train", batch_size=size, context=context, max_batches=n)
 
 
 def interpolate(a: StateDict, b: StateDict, alpha: float) -> StateDict:
@@ -348,6 +368,7 @@ def merge(
     *,
     alpha: float = 0.5,
     align_method: str = "weight",
+    correction: str = "none",
     **align_options,
 ) -> tuple[CanonicalModel, Alignment | None]:
     """The model alpha·A + (1 − alpha)·π(B), and the alignment (None without one).
@@ -356,8 +377,42 @@ def merge(
     the stock weights as loaded (Hugging Face folders or LoadedModels only; the model returned
     is its exact canonical form, :meth:`StockPair.state_at` gives the stock state dict);
     ``"canonical"``, averaging in canonical coordinates (after the exact RMSNorm rewrite), no
-    alignment; ``"weight"`` or ``"learned"`` (the last with ``data=``), see :func:`align`.
+    alignment; ``"weight"``, ``"activation"`` or ``"learned"`` (the last two with
+    ``data=``), see :func:`align`.
+
+    ``correction`` (``data=`` too; see :mod:`glmc.correction`): ``"reset"`` recomputes every
+    BatchNorm's statistics on the merged model, ``"repair"`` rescales every unit to the
+    interpolated endpoints' statistics (REPAIR); ``"none"`` keeps the interpolated ones.
     """
+    data = None
+    if correction != "none":  # (the data are checked before any matching)
+        model_a, model_b = (load_model(m) if isinstance(m, (str, Path)) else m
+                            for m in (model_a, model_b))
+        data = correction_data(model_a, model_b, correction, align_options.get("data"),
+                               align_options.get("tokenizer"), align_options.get("data_seed"))
+        align_options = {**align_options, "data": data}
+    merged, al = _merge(model_a, model_b, alpha, align_method, **align_options)
+    if data is None:
+        return merged, al
+    a, b = (al.a, al.aligned) if al is not None else prepare_pair(
+        model_a, model_b, align_options.get("heads", "inner"))
+    return correct(merged, a, b, alpha, statistics_batches(a, data), correction), al
+
+
+def correction_data(model_a: ModelLike, model_b: ModelLike, how: str,
+                    data: str | Path | Dataset | None, tokenizer: str | Tokenizer | None = None,
+                    data_seed: int | None = None) -> Dataset:
+    """The training data a correction ``how`` of the pair's merge reads, after checking that
+    the correction applies to the pair (see :func:`glmc.correction.check_correction`)."""
+    a = canonical(model_a)
+    check_correction(a, how, name_of(model_a, "A"))
+    ds, _ = learning_data(a, data, tokenizer, name_of(model_a, "A"), models=(model_a, model_b),
+                          data_seed=data_seed, method=how)
+    return ds
+
+
+def _merge(model_a: ModelLike, model_b: ModelLike, alpha: float, align_method: str,
+           **align_options) -> tuple[CanonicalModel, Alignment | None]:
     if not 0.0 <= alpha <= 1.0:
         raise GlmcError(f"alpha must lie in [0, 1], got {alpha}")
     if align_method not in MERGE_METHODS:
@@ -370,8 +425,9 @@ def merge(
         model_a, model_b = (load_model(m) if isinstance(m, (str, Path)) else m
                             for m in (model_a, model_b))
         a, _ = prepare_pair(model_a, model_b)  # (the checks, and the shared tokenizer)
-        return stock_pair(model_a, model_b).model_at(alpha).with_files(a.files), None
-    if align_method == "canonical":
+        if not a.family.canonical_is_stock:
+            return stock_pair(model_a, model_b).model_at(alpha).with_files(a.files), None
+    if align_method in ("none", "canonical"):
         a, b = prepare_pair(model_a, model_b, align_options.get("heads", "inner"))
         return a.with_state(interpolate(a.state, b.state, alpha)), None
     al = align(model_a, model_b, method=align_method, **align_options)

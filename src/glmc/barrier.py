@@ -36,7 +36,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from glmc.api import Alignment, StockPair, align, canonical, load, stock_pair
+from glmc.api import (
+    Alignment,
+    StockPair,
+    align,
+    canonical,
+    load,
+    statistics_batches,
+    stock_pair,
+)
+from glmc.correction import check_correction, correct, statistics_note
 from glmc.data import Dataset, TextDataset, Tokenizer
 from glmc.errors import GlmcError
 from glmc.evaluate import (
@@ -128,6 +137,9 @@ class AlignOptions:
         learned: learned matching's options (its residual group follows the method).
         stock: both models' stock weights as loaded, for methods that average them (``none``);
             :func:`run_barrier` fills it in for Hugging Face folders.
+        correction: applied at every λ after the interpolation (see :mod:`glmc.correction`):
+            ``"reset"`` (BatchNorm statistics recomputed) or ``"repair"`` (REPAIR), on the
+            training split; ``"none"`` keeps the interpolated statistics.
     """
 
     heads: str = "inner"
@@ -141,6 +153,7 @@ class AlignOptions:
     dtype: torch.dtype = torch.float32
     learned: LearnedMatchingOptions | None = None
     stock: StockPair | None = None
+    correction: str = "none"
 
 
 AlignFn = Callable[[CanonicalModel, CanonicalModel, AlignOptions],
@@ -185,6 +198,23 @@ def get_method(name: str) -> Method:
     return _METHODS[name]
 
 
+@dataclass
+class CorrectedPath:
+    """``path`` with a correction of its statistics (:func:`glmc.correction.correct`) at
+    every inner point, measured on ``batches``; the endpoints are the models as trained."""
+
+    path: InterpolationPath
+    how: str
+    batches: list
+
+    def model_at(self, lam: float) -> CanonicalModel:
+        m = self.path.model_at(lam)
+        if lam in (0.0, 1.0):
+            return m
+        return correct(m, self.path.model_at(1.0), self.path.model_at(0.0), lam,
+                       self.batches, self.how)
+
+
 @dataclass(frozen=True)
 class _CircuitPath:
     """``path`` with attention rewritten in circuit form at every point (exact)."""
@@ -196,7 +226,10 @@ class _CircuitPath:
         return m.family.circuit_form(m)
 
 
-def _none(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> InterpolationPath:
+def _none(a: CanonicalModel, b: CanonicalModel,
+          o: AlignOptions) -> InterpolationPath | CanonicalModel:
+    if a.family.canonical_is_stock:  # (the weights as loaded are the canonical ones)
+        return b
     if o.stock is None:  # (run_barrier refuses such inputs before any work)
         raise GlmcError("method none averages the stock weights as loaded: give Hugging Face "
                         "folders, or use canonical")
@@ -213,6 +246,10 @@ def _weight(residual: str) -> AlignFn:
                      weighting=o.weighting, token_counts=o.token_counts, progress=o.progress)
 
     return fn
+
+
+def _activation(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
+    return align(a, b, method="activation", data=o.dataset)
 
 
 def _learned(residual: str) -> AlignFn:
@@ -235,6 +272,9 @@ register_method("weight", _weight("orthogonal"),
                 "weight matching, orthogonal residual map (data-free)")
 register_method("weight-perm", _weight("permutation"),
                 "weight matching, permutation-only residual map (the paper's ablation)")
+register_method("activation", _activation,
+                "activation matching: units paired by the correlation of their activations on "
+                "the training split (permutation symmetries only)")
 register_method("learned", _learned("orthogonal"),
                 "learned matching on the training split, from weight matching's solution")
 register_method("learned-perm", _learned("permutation"),
@@ -401,6 +441,7 @@ def _prepare(a: Any, b: Any, data: str | Path | Dataset, methods: Sequence[str],
     needs_stock = any([get_method(name).stock for name in methods])  # (each name checked)
     a, b = (load(m) if isinstance(m, (str, Path)) else m for m in (a, b))
     ma, mb = canonical(a), canonical(b)
+    needs_stock = needs_stock and not ma.family.canonical_is_stock
     where = f"{_describe(a)} vs {_describe(b)}"
     same_interface(ma.config, mb.config, where)
     check_pair(ma, mb)
@@ -496,6 +537,7 @@ def run_barrier(
         raise GlmcError(f"unknown heads mode {options.heads!r} (inner or circuit)")
     prep = _prepare(a, b, data, methods, split, context, tokenizer, data_seed)
     ma, mb, ds, ctx = prep.a, prep.b, prep.dataset, prep.context
+    check_correction(ma, options.correction, _describe(a))
     dev = resolve_device(device)
     if options.dataset is None:
         options = replace(options, dataset=ds)
@@ -519,6 +561,8 @@ def run_barrier(
         alignment = out if isinstance(out, Alignment) else None
         aligned = out.aligned if alignment is not None else out
         path = LinePath(ma, aligned) if isinstance(aligned, CanonicalModel) else aligned
+        if options.correction != "none":
+            path = CorrectedPath(path, options.correction, statistics_batches(ma, ds))
         t_align = time.perf_counter() - t1
         if progress is not None:
             progress(name, "align", 1, 1)
@@ -542,6 +586,9 @@ def run_barrier(
             t_align, t_eval, alignment)
 
     warnings = _endpoint_warnings(results)
+    note = statistics_note(ma, options.correction)
+    if note is not None:
+        warnings.append(note)
     data_name = str(data) if isinstance(data, (str, Path)) else str(ds.name)
     return BarrierReport(
         _describe(a), _describe(b), data_name, split, ma.config.task,

@@ -14,5 +14,12 @@ TEXT_LOGITS_BUDGET = 2**25
 
 #: The alignment methods that :mod:`glmc.barrier` registers, in its order (a test keeps the two
 #: equal); :func:`glmc.barrier.register_method` may add more from Python.
-METHOD_NAMES: tuple[str, ...] = ("none", "canonical", "weight", "weight-perm", "learned",
-                                 "learned-perm")
+METHOD_NAMES: tuple[str, ...] = ("none", "canonical", "weight", "weight-perm", "activation",
+                                 "learned", "learned-perm")
+#: What ``glmc align`` (and :func:`glmc.api.align`) does: the methods that produce a transform.
+ALIGN_METHODS: tuple[str, ...] = ("weight", "activation", "learned")
+#: What ``glmc merge`` takes: no alignment (``none``: the stock weights averaged as loaded,
+#: the paper's vanilla baseline; ``canonical``: averaging in canonical coordinates), or one.
+MERGE_METHODS: tuple[str, ...] = ("none", "canonical", *ALIGN_METHODS)
+#: Corrections of the merged statistics (:mod:`glmc.correction`).
+CORRECTIONS: tuple[str, ...] = ("none", "reset", "repair")

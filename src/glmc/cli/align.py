@@ -16,6 +16,7 @@ from glmc.cli.options import (
     check_at_least,
     learned_options,
 )
+from glmc.defaults import ALIGN_METHODS
 
 if TYPE_CHECKING:  # (torch and the library load when a command runs: --help stays fast)
     import torch
@@ -144,11 +145,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("b", help="model folder to align to A")
     add_out(p, "output folder (written atomically)")
     p.add_argument("--align", "--method", dest="align", metavar="METHOD",
-                   choices=("weight", "learned"), default="weight",
-                   help="weight: data-free weight matching; learned: weight matching, then "
-                   "learned matching on --data (the same word as merge and barrier take; "
-                   "--method is its old name)")
-    p.add_argument("--data", help="training data for learned matching (name or path)")
+                   choices=ALIGN_METHODS, default="weight",
+                   help="weight: data-free weight matching; activation: units paired by the "
+                   "correlation of their activations on --data (permutation symmetries only); "
+                   "learned: weight matching, then learned matching on --data (the same word "
+                   "as merge and barrier take; --method is its old name)")
+    p.add_argument("--data", help="training data for activation or learned matching (name or "
+                   "path)")
     add_tokenizer(p)
     p.add_argument("--no-stock", action="store_true",
                    help="always write a glmc folder, even when the stock class could hold it")

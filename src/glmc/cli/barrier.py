@@ -11,6 +11,7 @@ from glmc.cli.common import add_allow_pickle, add_json, emit_json
 from glmc.cli.main import add_command
 from glmc.cli.options import (
     add_alignment_options,
+    add_correction,
     add_learned_options,
     add_tokenizer,
     check_at_least,
@@ -61,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, or auto")
     add_tokenizer(g)
     add_alignment_options(p, residual=False)
+    add_correction(p)
     add_learned_options(p)
     p.add_argument("--plot", metavar="FILE.png",
                    help="write the curves of every method as a PNG")
@@ -163,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
                                     data_seed=args.data_seed)
     options = AlignOptions(heads=args.heads, max_iter=args.iters, tol=args.tol,
                            weighting=args.weighting, seed=args.seed, token_counts=counts,
-                           learned=learned_options(args, None))
+                           learned=learned_options(args, None), correction=args.correction)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     # (off a terminal a transient bar shows nothing, and leaves a blank line on stderr)

@@ -8,7 +8,13 @@ import time
 from glmc.cli.align import drop_checkpoint, load_pair, run_alignment, write_output
 from glmc.cli.common import add_allow_pickle, add_json, add_out, emit_json
 from glmc.cli.main import add_command
-from glmc.cli.options import add_alignment_options, add_learned_options, add_tokenizer
+from glmc.cli.options import (
+    add_alignment_options,
+    add_correction,
+    add_learned_options,
+    add_tokenizer,
+)
+from glmc.defaults import MERGE_METHODS
 from glmc.errors import GlmcError
 
 
@@ -23,14 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("b", help="model folder B (alpha = 0)")
     add_out(p, "output folder (written atomically)")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of model A")
-    p.add_argument("--align", choices=("none", "canonical", "weight", "learned"),
-                   default="weight",
+    p.add_argument("--align", choices=MERGE_METHODS, default="weight",
                    help="how to align B to A before averaging. none: no alignment, the "
                    "paper's vanilla average of the stock weights as loaded (Hugging Face "
                    "folders; written as is in the stock class); canonical: no alignment, "
                    "averaging in canonical coordinates (after the exact RMSNorm rewrite); "
-                   "weight, learned: align first")
-    p.add_argument("--data", help="training data for --align learned (name or path)")
+                   "weight, activation, learned: align first")
+    p.add_argument("--data", help="training data for --align activation or learned and for "
+                   "--correction (name or path)")
+    add_correction(p)
     add_tokenizer(p)
     p.add_argument("--no-stock", action="store_true",
                    help="always write a glmc folder, even when the stock class could hold it")
@@ -51,7 +58,15 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    from glmc.api import interpolate, prepare_pair, stock_pair, write_report
+    from glmc.api import (
+        correction_data,
+        interpolate,
+        prepare_pair,
+        statistics_batches,
+        stock_pair,
+        write_report,
+    )
+    from glmc.correction import correct, statistics_note
     from glmc.distributed import is_main
 
     if not 0.0 <= args.alpha <= 1.0:
@@ -61,12 +76,20 @@ def _run(args: argparse.Namespace) -> int:
                         "are averaged as loaded); use --align canonical --heads circuit")
     t0 = time.perf_counter()
     a, b = load_pair(args, keep_stock=args.align == "none")
+    data = None
+    if args.correction != "none":  # (checked before any matching)
+        data = correction_data(a, b, args.correction, args.data, args.tokenizer, args.data_seed)
+        args.data = data
     if args.align != "none":
         b.stock_state = None  # (the merge needs both in canonical form only)
     report: dict = {"command": "merge", "a": str(args.a), "b": str(args.b),
-                    "alpha": args.alpha, "align": args.align}
+                    "alpha": args.alpha, "align": args.align, "correction": args.correction}
     transform = stock_state = None
-    if args.align == "none":  # the stock weights averaged as loaded, written as they are
+    if args.align == "none" and a.canonical.family.canonical_is_stock:
+        ca, cb = prepare_pair(a, b)  # (the weights as loaded are the canonical ones)
+        if not is_main():
+            return 0
+    elif args.align == "none":  # the stock weights averaged as loaded, written as they are
         ca, _ = prepare_pair(a, b)  # (the checks, and the shared tokenizer)
         pair = stock_pair(a, b)
         if not is_main():
@@ -85,8 +108,15 @@ def _run(args: argparse.Namespace) -> int:
         report |= {"residual": args.residual, "heads": args.heads,
                    "matching": al.match.to_json() if al.match else None,
                    "learned": al.learned.to_json() if al.learned else None}
-    if args.align != "none":
+    if args.align != "none" or ca.family.canonical_is_stock:
         merged = ca.with_state(interpolate(ca.state, cb.state, args.alpha))
+    if data is not None:
+        merged = correct(merged, ca, cb, args.alpha, statistics_batches(ca, data),
+                         args.correction)
+        stock_state = None  # (the corrected model, not the stock average, is written)
+    note = statistics_note(merged, args.correction)
+    if note is not None:
+        report["statistics"] = note
     fmt, out = write_output(args.out, merged.to(torch.float32), not args.no_stock, report,
                             transform, stock_state)
     report["format"] = fmt

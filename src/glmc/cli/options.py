@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from glmc.defaults import CORRECTIONS
 from glmc.errors import GlmcError
 from glmc.matching.options import WEIGHTINGS, LearnedMatchingOptions, WeightMatchingOptions
 
@@ -41,6 +42,15 @@ def add_alignment_options(p: argparse.ArgumentParser, residual: bool = True) -> 
                    "folders written by glmc train record theirs (glmc_train.json), which is "
                    "used, and a different --data-seed is refused (default: the record's, else "
                    "0; text ignores it)")
+
+
+def add_correction(p: argparse.ArgumentParser) -> None:
+    """--correction: what happens to the merged model's statistics (merge and barrier)."""
+    p.add_argument("--correction", choices=CORRECTIONS, default="none",
+                   help="after interpolating, on the training split of --data: reset: "
+                   "recompute every BatchNorm's running statistics; repair: rescale every "
+                   "unit to the interpolated endpoints' mean and spread (REPAIR); none: keep "
+                   "the interpolated statistics")
 
 
 def check_at_least(args: argparse.Namespace, **minimums: int) -> None:

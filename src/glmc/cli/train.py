@@ -18,15 +18,18 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(
         sub, "train",
-        "Train a GPT-2 (text) or ViT (images) from scratch with AdamW and a warm-up + cosine "
-        "schedule; write a Hugging Face model folder with its tokenizer and a training log "
-        "(glmc_train.json). Checkpoints go to .OUT.ckpt beside OUT until the run completes.",
+        "Train a model from scratch with AdamW and a warm-up + cosine schedule: a GPT-2 "
+        "(text) or a ViT (images), written as a Hugging Face folder with its tokenizer, or one "
+        "of Git Re-Basin's MLP, VGG and ResNet-20 (images), written as a glmc folder; with a "
+        "training log (glmc_train.json). Checkpoints go to .OUT.ckpt beside OUT until the run "
+        "completes.",
         "glmc train --arch gpt2 --data shakespeare --seed 1 -o runs/gpt-a --n-layer 2 "
         "--n-embd 64 --steps 500",
     )
     d = _DEFAULTS
     p.add_argument("--arch", choices=ARCHS, required=True,
-                   help="gpt2: GPT2LMHeadModel on text; vit: ViTForImageClassification on images")
+                   help="gpt2: GPT2LMHeadModel on text; vit: ViTForImageClassification, mlp: "
+                   "3 hidden layers of 512, vgg11/vgg16, resnet20: on images")
     p.add_argument("--data", required=True, metavar="D",
                    help=f"dataset name ({', '.join(DATASETS)}) or a path: {PATH_HELP}")
     p.add_argument("--seed", type=int, default=d["seed"],
@@ -50,6 +53,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="GPT-2 window length (= n_positions)")
     g.add_argument("--patch-size", type=int, default=d["patch_size"],
                    help="ViT patch side; must divide the image side")
+    g.add_argument("--width", type=int, default=d["width"],
+                   help="mlp, vgg, resnet20: multiplier of every hidden width")
+    g.add_argument("--norm", choices=("batch", "layer", "none"), default=d["norm"],
+                   help="vgg, resnet20: BatchNorm, LayerNorm over channels, or none")
+    g.add_argument("--base", type=int, default=d["base"],
+                   help="mlp, vgg, resnet20: first-stage width before --width (unset: the "
+                   "architecture's own: 512 units, 64 or 16 channels)")
     g.add_argument("--tokenizer", choices=("char", "gpt2"), default=d["tokenizer"],
                    help="text tokenizer (char: the data's sorted characters)")
     g.add_argument("--dropout", type=float, default=d["dropout"], help="every dropout rate")
@@ -122,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     log = record["log"]
     val, test = log["val"][-1] if log["val"] else None, log["test"]
     val_text = f"val loss {val['loss']:.4f}, " if val else ""
-    print(f"wrote {args.out}: {cfg.arch} {cfg.n_layer}x{cfg.n_embd}, "
+    print(f"wrote {args.out}: {cfg.arch}, "
           f"{record['model']['n_params']:,} parameters, {log['steps']} steps in "
           f"{log['wall_time_s']:.1f} s; {val_text}test loss {test['loss']:.4f}, "
           f"test accuracy {test['accuracy']:.4f}")

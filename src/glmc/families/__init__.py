@@ -48,4 +48,4 @@ __all__ = ["ARCHS", "FAMILIES", "Arch", "Family", "Probe", "arch_named", "family
            "family_of", "register_arch", "register_family"]
 
 # The families register themselves on import (after the registries exist).
-from glmc.families import transformer  # noqa: E402, F401
+from glmc.families import convnet, transformer  # noqa: E402, F401

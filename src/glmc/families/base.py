@@ -9,6 +9,7 @@ the config's task (:mod:`glmc.tasks`), and never names an architecture.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -23,6 +24,27 @@ if TYPE_CHECKING:
     from glmc.training.options import TrainConfig
 
 StateDict = dict[str, torch.Tensor]
+
+
+class ModelConfig:
+    """What every family's canonical config (a dataclass) shares: its family's name, its
+    task's name (``task``), and a JSON form that rejects unknown keys."""
+
+    family: ClassVar[str]
+
+    def replace(self, **changes: Any) -> Any:
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls, d: dict) -> Any:
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown {cls.family} config keys {sorted(unknown)}")
+        return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -45,6 +67,9 @@ class Family:
 
     name: ClassVar[str]
     config_class: ClassVar[type]
+    #: The canonical form is the model as trained (no rewrite): averaging "as loaded" (align
+    #: method ``none``) is averaging the canonical weights.
+    canonical_is_stock: ClassVar[bool] = False
 
     def build(self, config: Any, state: StateDict | None = None) -> nn.Module:
         """The module of ``config`` in eval mode, with ``state`` loaded strictly when given

@@ -120,7 +120,7 @@ class Problem:
                  only: set[str] | None = None):
         """``only``: weighted copies of these tensors alone (a caller that reads no others
         saves their memory; the distance and its scale then cover these only)."""
-        spec = a.spec
+        spec = a.spec.weights_only()  # (statistics move with their units, unweighed)
         self.spec, self.opts = spec, opts
         self.w = tensor_weights(spec, a.state, opts.weighting, opts.row_masks,
                                 opts.bias_weight)

@@ -13,7 +13,10 @@ from typing import Any
 
 from glmc.errors import GlmcError
 
-ARCHS: tuple[str, ...] = ("gpt2", "vit")
+#: The names of the architectures ``glmc train`` trains, kept here so that the command line
+#: needs no torch; each is registered by its family (``glmc.families.ARCHS``, which a test
+#: holds equal to this).
+ARCHS: tuple[str, ...] = ("gpt2", "vit", "mlp", "vgg11", "vgg16", "resnet20")
 
 # Fields that change neither the weights nor the log's contents: a run may be resumed with other
 # values (more threads, another checkpoint interval).
@@ -39,6 +42,11 @@ class TrainConfig:
         n_inner: MLP hidden width; ``None`` means ``4 * n_embd``.
         context: GPT-2 window length ``T`` (also its ``n_positions``); ignored for ViT.
         patch_size: ViT patch side; must divide the image side. Ignored for GPT-2.
+        width: channel (or unit) multiplier of the convnets (mlp, vgg, resnet20).
+        norm: the convnets' norm: ``"batch"``, ``"layer"`` (over channels, as Git Re-Basin's
+            width sweep) or ``"none"`` (the MLP has none).
+        base: the convnets' first-stage channels (VGG 64, ResNet-20 16, MLP 512 units) before
+            ``width``; ``None``: the architecture's own.
         tokenizer: ``"char"`` or ``"gpt2"`` (BPE), text only.
         dropout: every dropout probability of the model (0 keeps runs deterministic).
         steps, batch_size: optimiser steps and examples (windows or images) per step.
@@ -64,6 +72,9 @@ class TrainConfig:
     n_inner: int | None = None
     context: int = 64
     patch_size: int = 4
+    width: int = 1
+    norm: str = "batch"
+    base: int | None = None
     tokenizer: str = "char"
     dropout: float = 0.0
     steps: int = 500
@@ -126,6 +137,11 @@ class TrainConfig:
         }
         if self.n_inner is not None:
             positive["n_inner"] = self.n_inner
+        positive["width"] = self.width
+        if self.base is not None:
+            positive["base"] = self.base
+        if self.norm not in ("batch", "layer", "none"):
+            raise GlmcError(f"norm must be batch, layer or none, got {self.norm!r}")
         if self.threads is not None:
             positive["threads"] = self.threads
         for name, value in positive.items():

@@ -25,7 +25,6 @@ Parameter names (d = d_model, H heads of head_dim dh, F = d_mlp)::
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -33,6 +32,8 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from glmc.families.base import ModelConfig
 
 ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),
@@ -44,7 +45,7 @@ ACTIVATIONS = {
 
 
 @dataclass
-class CanonicalConfig:
+class CanonicalConfig(ModelConfig):
     family: ClassVar[str] = "transformer"
 
     task: str  # "causal_lm" | "image_classifier"
@@ -83,20 +84,6 @@ class CanonicalConfig:
     @property
     def n_outputs(self) -> int:
         return self.vocab_size if self.task == "causal_lm" else self.num_labels
-
-    def replace(self, **changes: Any) -> CanonicalConfig:
-        return dataclasses.replace(self, **changes)
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> CanonicalConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"unknown canonical config keys {sorted(unknown)}")
-        return cls(**d)
 
 
 class Params(nn.Module):

@@ -1,0 +1,69 @@
+"""The convnet family: Git Re-Basin's MLP, VGG-11/16 and ResNet-20, whose hidden units
+and channels carry permutation symmetries (BatchNorm, a channel LayerNorm or no norm).
+
+- ``config``: :class:`ConvNetConfig`; ``modules``: the modules and ``build``;
+- ``spec``: their symmetry spec; ``train``: the architectures ``glmc train`` trains
+  (``mlp``, ``vgg11``, ``vgg16``, ``resnet20``).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from glmc.families import register_family
+from glmc.families.base import Family, Probe, StateDict
+from glmc.families.convnet.config import ConvNetConfig
+from glmc.families.convnet.modules import RESNET_BLOCKS, build, resnet_channels
+from glmc.families.convnet.spec import convnet_spec
+from glmc.symmetry.spec import SymmetrySpec
+
+
+def _probe(config: ConvNetConfig, conv: str, norm: str, space: str) -> Probe:
+    """Observe ``space`` after the norm, or after the conv/linear where there is none;
+    the affine is whichever of them writes the observed output last."""
+    at = conv if config.norm == "none" else norm
+    return Probe(at, space, (f"{at}.weight", f"{at}.bias"))
+
+
+def convnet_probes(config: ConvNetConfig) -> list[Probe]:
+    """Where each space's units show (a tied ResNet stream at every writer: several)."""
+    if config.arch == "mlp":
+        return [Probe(f"layers.{i}", f"layers.{i}", (f"layers.{i}.weight", f"layers.{i}.bias"))
+                for i in range(config.depth)]
+    spec = convnet_spec(config)
+    if config.arch != "resnet20":
+        return [_probe(config, f"{s}.conv", f"{s}.norm", s) for s in spec.spaces]
+    probes = [_probe(config, "stem.conv", "stem.norm", "stages.0")]
+    for s in range(len(resnet_channels(config))):
+        stream = f"stages.{s}"
+        for b in range(RESNET_BLOCKS):
+            blk = f"{stream}.{b}"
+            probes.append(_probe(config, f"{blk}.conv1", f"{blk}.norm1", f"{blk}.conv1"))
+            probes.append(_probe(config, f"{blk}.conv2", f"{blk}.norm2", stream))
+            if s > 0 and b == 0:
+                probes.append(_probe(config, f"{blk}.shortcut.conv", f"{blk}.shortcut.norm",
+                                     stream))
+    return probes
+
+
+class ConvNetFamily(Family):
+    name = "convnet"
+    canonical_is_stock = True  # (trained, saved and loaded in canonical form)
+    config_class = ConvNetConfig
+
+    def build(self, config: ConvNetConfig, state: StateDict | None = None) -> nn.Module:
+        return build(config, state)
+
+    def spec(self, config: ConvNetConfig) -> SymmetrySpec:
+        return convnet_spec(config)
+
+    def probes(self, config: ConvNetConfig) -> list[Probe]:
+        return convnet_probes(config)
+
+
+register_family(ConvNetFamily())
+
+# The trainable architectures register themselves.
+from glmc.families.convnet import train  # noqa: E402, F401
+
+__all__ = ["ConvNetConfig", "ConvNetFamily", "build", "convnet_probes", "convnet_spec"]

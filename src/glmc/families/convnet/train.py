@@ -1,0 +1,81 @@
+"""The convnets ``glmc train`` trains: ``mlp``, ``vgg11``, ``vgg16``, ``resnet20``.
+
+Image size, channels and classes come from the data; ``--width``, ``--norm`` and ``--base``
+from the training options. They are saved as glmc folders (``config.json`` with the
+canonical config, ``model.safetensors``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from glmc.families import register_arch
+from glmc.families.base import Arch
+from glmc.families.convnet.config import ConvNetConfig
+from glmc.families.convnet.modules import build
+from glmc.model import CanonicalModel
+
+if TYPE_CHECKING:
+    from glmc.data import Dataset
+    from glmc.training.options import TrainConfig
+
+
+class ConvNetArch(Arch):
+    """A convnet-family architecture (the class attribute ``name`` is its ``arch``)."""
+
+    task = "image_classifier"
+
+    def shape(self, cfg: TrainConfig) -> dict[str, Any]:
+        """The config fields this architecture takes from the training options."""
+        return {"width": getattr(cfg, "width", 1), "norm": getattr(cfg, "norm", "batch"),
+                "base": getattr(cfg, "base", None)}
+
+    def model_config(self, cfg: TrainConfig, ds: Dataset) -> ConvNetConfig:
+        return ConvNetConfig(arch=self.name, image_size=ds.image_size,
+                             num_channels=ds.num_channels, num_labels=ds.num_classes,
+                             **self.shape(cfg))
+
+    def config_from_json(self, raw: dict) -> ConvNetConfig:
+        return ConvNetConfig.from_json(raw)
+
+    def build(self, config: ConvNetConfig) -> nn.Module:
+        return build(config)
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return model(x)
+
+    def save(self, model: nn.Module, config: ConvNetConfig, folder: Any) -> None:
+        from glmc.io.folders import write_glmc  # late: io imports the families
+
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        write_glmc(Path(folder), CanonicalModel(config, state))
+
+
+class MLPArch(ConvNetArch):
+    """Git Re-Basin's MNIST MLP: 3 hidden ReLU layers of 512 * width units, no norms
+    (``--norm`` and ``--base`` do not apply)."""
+
+    name, help = "mlp", "MLP (3 x 512*width ReLU units) on images"
+
+    def shape(self, cfg: TrainConfig) -> dict[str, Any]:
+        return {"width": getattr(cfg, "width", 1), "norm": "none"}
+
+
+class VGG11Arch(ConvNetArch):
+    name, help = "vgg11", "VGG-11 (channels base*width*[1,2,4,8,8], --norm) on images"
+
+
+class VGG16Arch(ConvNetArch):
+    name, help = "vgg16", "VGG-16 (channels base*width*[1,2,4,8,8], --norm) on images"
+
+
+class ResNet20Arch(ConvNetArch):
+    name, help = "resnet20", "ResNet-20 (channels base*width*[1,2,4], --norm) on images"
+
+
+for _arch in (MLPArch(), VGG11Arch(), VGG16Arch(), ResNet20Arch()):
+    register_arch(_arch)

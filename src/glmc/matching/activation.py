@@ -1,0 +1,99 @@
+"""Activation matching (Git Re-Basin's): units paired by how their activations correlate.
+
+For every permutation space, both models run the same training batches; at the family's
+probes (``Family.probes``) each unit's outputs, over every example and position, give the
+correlation matrix corr[i, j] between A's unit i and B's unit j (summed over the probes of a
+space tied across layers, such as a residual stage). The permutation maximising the total
+correlation is a linear assignment. Spaces are independent given the data, so one pass over
+the batches serves them all.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+
+from glmc.errors import GlmcError
+from glmc.matching.solvers import assignment
+from glmc.model import CanonicalModel
+from glmc.symmetry.groups import Permutation
+from glmc.symmetry.transform import Transform
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class _Cross:
+    """Running sums for the correlation of two sets of units (A's n, B's n)."""
+
+    def __init__(self) -> None:
+        self.sa = self.sb = self.saa = self.sbb = self.sab = None
+        self.n = 0
+
+    def add(self, ya: torch.Tensor, yb: torch.Tensor) -> None:
+        """ya, yb (N, n, ...): the units on axis 1."""
+        fa = ya.transpose(0, 1).reshape(ya.shape[1], -1).double()
+        fb = yb.transpose(0, 1).reshape(yb.shape[1], -1).double()
+        parts = (fa.sum(1), fb.sum(1), fa.pow(2).sum(1), fb.pow(2).sum(1), fa @ fb.T)
+        if self.sa is None:
+            self.sa, self.sb, self.saa, self.sbb, self.sab = parts
+        else:
+            for name, p in zip(("sa", "sb", "saa", "sbb", "sab"), parts, strict=True):
+                getattr(self, name).add_(p)
+        self.n += fa.shape[1]
+
+    def correlation(self) -> torch.Tensor:
+        """(n, n) Pearson correlations, rows A's units, columns B's."""
+        n = self.n
+        ma, mb = self.sa / n, self.sb / n
+        cov = self.sab / n - ma[:, None] * mb[None, :]
+        sa = (self.saa / n - ma**2).clamp_min(0).sqrt().clamp_min(1e-12)
+        sb = (self.sbb / n - mb**2).clamp_min(0).sqrt().clamp_min(1e-12)
+        return cov / (sa[:, None] * sb[None, :])
+
+
+@torch.no_grad()
+def activation_matching(a: CanonicalModel, b: CanonicalModel,
+                        batches: Sequence[Batch]) -> Transform:
+    """The transform π of B's permutation spaces that best correlates its units with A's.
+
+    Raises:
+        GlmcError: a family without probes, or a space no probe observes.
+    """
+    spec = a.spec
+    probes = a.family.probes(a.config)
+    spaces = {s for s, g in spec.spaces.items() if g.kind == "permutation"}
+    unseen = sorted(spaces - {p.space for p in probes})
+    if not probes or unseen or any(g.kind != "permutation" for g in spec.spaces.values()):
+        raise GlmcError(f"activation matching needs every space to be a permutation observed "
+                        f"by a probe; the {a.family.name} family "
+                        + (f"does not observe {unseen[0]}" if unseen else
+                           "has other symmetries (use weight or learned matching)"))
+    outputs: dict[str, dict[str, torch.Tensor]] = {"a": {}, "b": {}}
+    modules = {"a": a.module(), "b": b.module()}
+    handles = []
+    for side, module in modules.items():
+        for p in probes:
+            sub = module.get_submodule(p.module)
+            handles.append(sub.register_forward_hook(
+                lambda m, args, y, side=side, name=p.module: outputs[side].__setitem__(name, y)))
+    cross: dict[str, list[_Cross]] = defaultdict(list)
+    per_probe = {p.module: _Cross() for p in probes}
+    for p in probes:
+        cross[p.space].append(per_probe[p.module])
+    try:
+        for x, _ in batches:
+            x = x.to(a.dtype) if x.is_floating_point() else x
+            modules["a"](x)
+            modules["b"](x)
+            for p in probes:
+                per_probe[p.module].add(outputs["a"][p.module], outputs["b"][p.module])
+    finally:
+        for h in handles:
+            h.remove()
+    elements = {}
+    for space, parts in cross.items():
+        corr = sum(c.correlation() for c in parts)
+        elements[space] = Permutation(assignment(corr))
+    return Transform(elements)
