@@ -152,7 +152,7 @@ def probe_moments(model: CanonicalModel, batches: Sequence[Batch],
         axes = [d for d in range(y.dim()) if d != 1]
         shape = [1, -1] + [1] * (y.dim() - 2)
         bmu = y.mean(axes, keepdim=True)
-        bsd = y.var(axes, keepdim=True, unbiased=False).add(1e-10).sqrt()
+        bsd = y.var(axes, keepdim=True, unbiased=False).clamp_min(1e-30).sqrt()
         return (y - bmu) / bsd * sd.view(shape) + mu.view(shape)
 
     with _hooks(module, probes, observe):
