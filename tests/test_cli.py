@@ -18,7 +18,7 @@ from transformers.utils import logging as hf_logging
 
 import glmc
 from glmc.cli.main import COMMANDS, main
-from glmc.defaults import METHOD_NAMES
+from glmc.defaults import ALIGN_METHODS, METHOD_NAMES
 from glmc.families.transformer.circuit import to_circuit
 from glmc.io.folders import load_model, write_model
 from glmc.symmetry.groups import Permutation
@@ -136,6 +136,7 @@ def test_help_lists_every_barrier_method():
     from glmc.barrier import METHODS
 
     assert tuple(METHODS) == METHOD_NAMES  # (the help's list, kept torch-free in glmc.defaults)
+    assert tuple(n for n, m in METHODS.items() if m.transform) == ALIGN_METHODS
 
 
 # -- verify --------------------------------------------------------------------------------

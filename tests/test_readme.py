@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import glmc.api
+import glmc.methods
 from glmc.cli.main import main
 from glmc.matching.options import LearnedMatchingOptions
 
@@ -33,7 +34,7 @@ def test_readme_python_runs(h, tmp_path, monkeypatch):
     for seed, name in ((0, "a"), (1, "b")):
         assert main(["train", "--arch", "gpt2", "--data", "shakespeare", "--seed", str(seed),
                      "-o", f"runs/gpt-{name}", *TINY]) == 0
-    monkeypatch.setattr(glmc.api, "LearnedMatchingOptions",
+    monkeypatch.setattr(glmc.methods, "LearnedMatchingOptions",
                         functools.partial(LearnedMatchingOptions, steps=8, eval_every=4))
     for block in python_blocks():
         exec(compile(block, str(README), "exec"), {})  # noqa: S102 - the README's own code

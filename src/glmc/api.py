@@ -20,32 +20,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from glmc.correction import check_correction, correct
+from glmc.correction import check_correction, correct, statistics_note
 from glmc.data import TOKENIZER_FILE, Dataset, Tokenizer
-from glmc.defaults import ALIGN_METHODS, MERGE_METHODS
+from glmc.defaults import ALIGN_METHODS
 from glmc.errors import GlmcError
-from glmc.evaluate import check_data_fits, fixed_batches, load_pair_data
+from glmc.evaluate import check_data_fits, load_pair_data
 from glmc.families.importers import Importer
 from glmc.io.folders import REPORT, LoadedModel, load_model, save_folder, write_json
 from glmc.io.outputs import check_output, model_bytes, output_errors
-from glmc.matching.activation import activation_matching
-from glmc.matching.learned import LearnedMatchingOptions, LearnedResult, learned_matching
-from glmc.matching.weight import (
-    MatchResult,
-    WeightMatchingOptions,
-    centred_pair,
-    check_pair,
-    weight_matching,
-)
+from glmc.matching.weight import check_pair
+from glmc.methods import Alignment, AlignOptions, get_method, statistics_batches
 from glmc.model import CanonicalModel
 from glmc.symmetry.transform import StateDict, Transform
 from glmc.verify import canonical_logits, certify_folder, random_inputs
 
-_WM = WeightMatchingOptions()  # defaults are defined once, in the options
-
 ModelLike = CanonicalModel | LoadedModel | str | Path
 
-METHODS = ALIGN_METHODS
+METHODS = ALIGN_METHODS  # (the registry: glmc.methods.METHODS)
 
 
 def load(path: str | Path, *, allow_pickle: bool = False) -> LoadedModel:
@@ -212,115 +203,39 @@ def stock_pair(model_a: ModelLike, model_b: ModelLike) -> StockPair:
     return StockPair(la.importer, ca, sa, sb, dict(la.canonical.files))
 
 
-@dataclass
-class Alignment:
-    """B aligned to A: ``aligned`` = transform applied to ``b`` (same function as ``b``).
+def align(model_a: ModelLike, model_b: ModelLike, *, method: str = "weight",
+          options: AlignOptions | None = None, **overrides: Any) -> Alignment:
+    """Align B to A modulo the symmetries of their spec with the registered ``method``.
 
-    ``settings``: what produced it (inputs, method, residual, heads), for the report.
+    ``options`` (:class:`glmc.methods.AlignOptions`) and keyword ``overrides`` of its fields
+    (``residual``, ``heads``, ``max_iter``, ``data``, ``learned``, ...) say how. Methods that
+    read data (``activation``, ``learned``) take ``data`` (a dataset name or path, as
+    ``--data`` takes, or a glmc.data dataset; text is encoded with the models' tokenizer or
+    ``tokenizer``); an image dataset is split as the models were trained (their
+    ``glmc_train.json``; ``data_seed`` only for models without one, see
+    :func:`glmc.evaluate.split_seed`).
+
+    Example::
+
+        al = glmc.align("runs/a", "runs/b", residual="permutation", max_iter=50)
+        al = glmc.align("runs/a", "runs/b", method="learned", data="shakespeare")
     """
-
-    a: CanonicalModel
-    b: CanonicalModel
-    aligned: CanonicalModel
-    transform: Transform
-    match: MatchResult | None
-    learned: LearnedResult | None = None
-    settings: dict[str, Any] = field(default_factory=dict)
-
-    def report(self) -> dict[str, Any]:
-        """The report ``glmc align`` writes (without the certificate and timing)."""
-        return {"command": "align", **self.settings,
-                "matching": self.match.to_json() if self.match else None,
-                "learned": self.learned.to_json() if self.learned else None}
-
-    def save(self, path: str | Path, *, force: bool = False, stock: bool = True) -> dict:
-        """Write B aligned as ``glmc align`` does: the model folder (stock class when
-        representable) with B's tokenizer and generation config, ``transform.safetensors``,
-        and ``glmc_report.json`` with the certificate that the folder computes B's function.
-        An existing non-empty ``path`` needs ``force``. Returns the report."""
-        report = save(self.aligned, path, force=force, stock=stock, report=self.report(),
-                      transform=self.transform)
-        x = random_inputs(self.b.config)
-        report["certificate"] = certify_folder(path, x, canonical_logits(self.b)(x))
-        write_report(path, report)
-        return report
-
-
-def align(
-    model_a: ModelLike,
-    model_b: ModelLike,
-    *,
-    method: str = "weight",
-    residual: str = "orthogonal",
-    heads: str = "inner",
-    max_iter: int = _WM.max_iter,
-    tol: float = _WM.tol,
-    weighting: str = _WM.weighting,
-    bias_weight: float = _WM.bias_weight,
-    unit_cost: str = _WM.unit_cost,
-    inner: str | None = None,
-    init: str = _WM.init,
-    token_counts: torch.Tensor | None = None,
-    data: str | Path | Dataset | None = None,
-    tokenizer: str | Tokenizer | None = None,
-    data_seed: int | None = None,
-    learned: LearnedMatchingOptions | None = None,
-    progress=None,
-    learned_progress=None,
-) -> Alignment:
-    """Align B to A modulo the symmetries of their spec.
-
-    heads: "inner" keeps head_dim (heads assigned by what is left after aligning each pair's
-    inner bases); "circuit" rewrites both models with attention in circuit form first (exact;
-    the result is no longer the stock architecture).
-    max_iter, tol, weighting, bias_weight, unit_cost, inner, init: weight matching's options (see
-    :class:`glmc.matching.options.WeightMatchingOptions`).
-    token_counts: (vocab,) counts; vocabulary rows of unseen tokens do not count.
-    method "learned": weight matching, then learned matching on ``data`` (a dataset name or
-    path, as ``--data`` takes, or a glmc.data dataset; text is encoded with the models'
-    tokenizer or ``tokenizer``) with options ``learned``; its residual group follows
-    ``residual`` (permutation: the paper's permutation-only ablation). An image dataset is
-    split as the models were trained (their ``glmc_train.json``; ``data_seed`` only for
-    models without one, see :func:`glmc.evaluate.split_seed`); ``learned.seed`` draws the
-    data order and λ only.
-    """
-    if method not in METHODS:
-        raise GlmcError(f"unknown alignment method {method!r} (available: {', '.join(METHODS)})")
-    a, b = prepare_pair(model_a, model_b, heads)
+    m = get_method(method)
+    if not m.transform:
+        raise GlmcError(f"method {method} does not align (it averages as loaded): use merge "
+                        "or the barrier for it")
+    opts = replace(options or AlignOptions(), **overrides)
+    a, b = prepare_pair(model_a, model_b, opts.heads)
     settings = {"a": name_of(model_a, "A"), "b": name_of(model_b, "B"), "method": method,
-                "residual": residual, "heads": heads}
-    options = replace(learned or LearnedMatchingOptions(), residual=residual)
-    if method in ("learned", "activation"):  # the data are checked before any matching
-        data, seed = learning_data(a, data, tokenizer, settings["a"],
-                                   models=(model_a, model_b), data_seed=data_seed,
+                "residual": m.residual or opts.residual, "heads": opts.heads}
+    if m.data:  # (the data are checked before any matching)
+        data, seed = learning_data(a, opts.data, opts.tokenizer, settings["a"],
+                                   models=(model_a, model_b), data_seed=opts.data_seed,
                                    method=method)
+        opts = replace(opts, data=data)
         if seed is not None:
             settings["data_seed"] = seed
-    if method == "activation":
-        transform = activation_matching(a, b, statistics_batches(a, data))
-        return Alignment(a, b, b.transformed(transform), transform, None, settings=settings)
-    row_masks = {}
-    if token_counts is not None:
-        rows = a.family.token_rows(a.config)
-        if not rows:
-            raise GlmcError("token counts apply to language models only")
-        if token_counts.numel() != a.config.vocab_size:
-            raise GlmcError(f"{token_counts.numel()} token counts for a vocabulary of "
-                            f"{a.config.vocab_size}")
-        mask = token_counts > 0
-        row_masks = {name: (axis, mask) for name, axis in rows.items()}
-    opts = WeightMatchingOptions(residual=residual, max_iter=max_iter, tol=tol,
-                                 weighting=weighting, bias_weight=bias_weight,
-                                 unit_cost=unit_cost, inner=inner, init=init, row_masks=row_masks)
-    match = weight_matching(a, b, opts, progress=progress)
-    if method == "weight":
-        return Alignment(a, b, b.transformed(match.transform), match.transform, match,
-                         settings=settings)
-    result = learned_matching(a, b, data, match.transform, options,
-                              fix_ones=centred_pair(a, b), progress=learned_progress,
-                              inner=opts.inner)
-    return Alignment(a, b, b.transformed(result.transform), result.transform, match, result,
-                     settings)
+    return replace(m(a, b, opts), settings=settings)
 
 
 def learning_data(a: CanonicalModel, data: str | Path | Dataset | None,
@@ -342,61 +257,90 @@ def learning_data(a: CanonicalModel, data: str | Path | Dataset | None,
     return ds, seed
 
 
-#: Training examples the data-driven steps read (activation matching, BatchNorm reset,
-#: REPAIR): enough for stable per-unit statistics, in fixed batches of the train split.
-STATISTICS_EXAMPLES = 2000
-
-
-def statistics_batches(a: CanonicalModel, data: Dataset) -> list:
-    """Fixed training batches (the first ``STATISTICS_EXAMPLES`` examples, or windows of
-    text) for per-unit statistics of models like ``a``."""
-    context = a.task.context(a.config)
-    size = a.task.default_batch_size(a.config, context)
-    per_batch = size * (context or 1)
-    n = max(1, -(-STATISTICS_EXAMPLES // per_batch) if context is None else 4)
-    return fixed_batches(data, "train", batch_size=size, context=context, max_batches=n)
-
-
 def interpolate(a: StateDict, b: StateDict, alpha: float) -> StateDict:
     """alpha·a + (1 − alpha)·b (alpha = 1 is a)."""
     return {k: torch.lerp(b[k], a[k], alpha) for k in a}
 
 
-def merge(
-    model_a: ModelLike,
-    model_b: ModelLike,
-    *,
-    alpha: float = 0.5,
-    align_method: str = "weight",
-    correction: str = "none",
-    **align_options,
-) -> tuple[CanonicalModel, Alignment | None]:
+@dataclass
+class Merge:
+    """What :func:`merge_pair` made: the merged model, the alignment (None without one),
+    and, for ``none`` on Hugging Face folders, the stock config and averaged stock state
+    dict (written as is: the vanilla average in its own class)."""
+
+    model: CanonicalModel
+    alignment: Alignment | None
+    stock_state: tuple[Any, StateDict] | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def report(self) -> dict[str, Any]:
+        al = self.alignment
+        out = {"command": "merge", **self.settings}
+        if al is not None:
+            out |= {"residual": al.settings.get("residual"), "heads": al.settings.get("heads"),
+                    "matching": al.match.to_json() if al.match else None,
+                    "learned": al.learned.to_json() if al.learned else None}
+        note = statistics_note(self.model, self.settings.get("correction", "none"))
+        if note is not None:
+            out["statistics"] = note
+        return out
+
+
+def merge_pair(model_a: ModelLike, model_b: ModelLike, *, alpha: float = 0.5,
+               align_method: str = "weight", options: AlignOptions | None = None,
+               **overrides: Any) -> Merge:
+    """The model alpha·A + (1 − alpha)·π(B) (see :func:`merge`), with everything a report
+    needs; what ``glmc merge`` writes."""
+    opts = replace(options or AlignOptions(), **overrides)
+    m = get_method(align_method)
+    if not 0.0 <= alpha <= 1.0:
+        raise GlmcError(f"alpha must lie in [0, 1], got {alpha}")
+    if m.stock and opts.heads != "inner":
+        raise GlmcError(f"heads='circuit' does not apply to align method {m.name} (the stock "
+                        "weights are averaged as loaded); use canonical")
+    settings = {"a": name_of(model_a, "A"), "b": name_of(model_b, "B"), "alpha": alpha,
+                "align": align_method, "correction": opts.correction}
+    model_a, model_b = (load_model(x) if isinstance(x, (str, Path)) else x
+                        for x in (model_a, model_b))
+    if opts.correction != "none":  # (the data are checked before any matching)
+        opts = replace(opts, data=correction_data(model_a, model_b, opts.correction, opts.data,
+                                                  opts.tokenizer, opts.data_seed))
+    al = stock_state = None
+    if m.transform:
+        al = align(model_a, model_b, method=align_method, options=opts)
+        a, b = al.a, al.aligned
+    else:
+        a, b = prepare_pair(model_a, model_b, opts.heads)
+    if m.stock and not a.family.canonical_is_stock:
+        pair = stock_pair(model_a, model_b)
+        stock_state = (pair.hf_config, pair.state_at(alpha))
+        merged = pair.model_at(alpha).with_files(a.files)
+    else:
+        merged = a.with_state(interpolate(a.state, b.state, alpha))
+    if opts.correction != "none":
+        batches = statistics_batches(a, opts.data)
+        merged, stock_state = correct(merged, a, b, alpha, batches, opts.correction), None
+    return Merge(merged, al, stock_state, settings)
+
+
+def merge(model_a: ModelLike, model_b: ModelLike, *, alpha: float = 0.5,
+          align_method: str = "weight", correction: str = "none",
+          **overrides: Any) -> tuple[CanonicalModel, Alignment | None]:
     """The model alpha·A + (1 − alpha)·π(B), and the alignment (None without one).
 
-    ``align_method`` (see :data:`MERGE_METHODS`): ``"none"``, the paper's vanilla average of
-    the stock weights as loaded (Hugging Face folders or LoadedModels only; the model returned
-    is its exact canonical form, :meth:`StockPair.state_at` gives the stock state dict);
-    ``"canonical"``, averaging in canonical coordinates (after the exact RMSNorm rewrite), no
-    alignment; ``"weight"``, ``"activation"`` or ``"learned"`` (the last two with
-    ``data=``), see :func:`align`.
+    ``align_method`` (a registered method, see :mod:`glmc.methods`): ``"none"``, the paper's
+    vanilla average of the stock weights as loaded (Hugging Face folders or LoadedModels
+    only; the model returned is its exact canonical form); ``"canonical"``, averaging in
+    canonical coordinates, no alignment; or a method that aligns (``"weight"``,
+    ``"activation"``, ``"learned"``, ...; the last two with ``data=``), see :func:`align`.
 
     ``correction`` (``data=`` too; see :mod:`glmc.correction`): ``"reset"`` recomputes every
     BatchNorm's statistics on the merged model, ``"repair"`` rescales every unit to the
     interpolated endpoints' statistics (REPAIR); ``"none"`` keeps the interpolated ones.
     """
-    data = None
-    if correction != "none":  # (the data are checked before any matching)
-        model_a, model_b = (load_model(m) if isinstance(m, (str, Path)) else m
-                            for m in (model_a, model_b))
-        data = correction_data(model_a, model_b, correction, align_options.get("data"),
-                               align_options.get("tokenizer"), align_options.get("data_seed"))
-        align_options = {**align_options, "data": data}
-    merged, al = _merge(model_a, model_b, alpha, align_method, **align_options)
-    if data is None:
-        return merged, al
-    a, b = (al.a, al.aligned) if al is not None else prepare_pair(
-        model_a, model_b, align_options.get("heads", "inner"))
-    return correct(merged, a, b, alpha, statistics_batches(a, data), correction), al
+    out = merge_pair(model_a, model_b, alpha=alpha, align_method=align_method,
+                     correction=correction, **overrides)
+    return out.model, out.alignment
 
 
 def correction_data(model_a: ModelLike, model_b: ModelLike, how: str,
@@ -411,27 +355,18 @@ def correction_data(model_a: ModelLike, model_b: ModelLike, how: str,
     return ds
 
 
-def _merge(model_a: ModelLike, model_b: ModelLike, alpha: float, align_method: str,
-           **align_options) -> tuple[CanonicalModel, Alignment | None]:
-    if not 0.0 <= alpha <= 1.0:
-        raise GlmcError(f"alpha must lie in [0, 1], got {alpha}")
-    if align_method not in MERGE_METHODS:
-        raise GlmcError(f"unknown alignment method {align_method!r} (available: "
-                        f"{', '.join(MERGE_METHODS)})")
-    if align_method == "none" and align_options.get("heads", "inner") != "inner":
-        raise GlmcError("heads='circuit' does not apply to align_method='none' (the stock "
-                        "weights are averaged as loaded); use align_method='canonical'")
-    if align_method == "none":
-        model_a, model_b = (load_model(m) if isinstance(m, (str, Path)) else m
-                            for m in (model_a, model_b))
-        a, _ = prepare_pair(model_a, model_b)  # (the checks, and the shared tokenizer)
-        if not a.family.canonical_is_stock:
-            return stock_pair(model_a, model_b).model_at(alpha).with_files(a.files), None
-    if align_method in ("none", "canonical"):
-        a, b = prepare_pair(model_a, model_b, align_options.get("heads", "inner"))
-        return a.with_state(interpolate(a.state, b.state, alpha)), None
-    al = align(model_a, model_b, method=align_method, **align_options)
-    return al.a.with_state(interpolate(al.a.state, al.aligned.state, alpha)), al
+def save_alignment(al: Alignment, path: str | Path, *, force: bool = False,
+                   stock: bool = True) -> dict:
+    """Write B aligned as ``glmc align`` does: the model folder (stock class when
+    representable) with B's tokenizer and generation config, ``transform.safetensors``, and
+    ``glmc_report.json`` with the certificate that the folder computes B's function. An
+    existing non-empty ``path`` needs ``force``. Returns the report."""
+    report = save(al.aligned, path, force=force, stock=stock, report=al.report(),
+                  transform=al.transform)
+    x = random_inputs(al.b.config)
+    report["certificate"] = certify_folder(path, x, canonical_logits(al.b)(x))
+    write_report(path, report)
+    return report
 
 
 def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool = True,

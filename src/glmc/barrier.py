@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -39,10 +38,8 @@ import torch
 from glmc.api import (
     Alignment,
     StockPair,
-    align,
     canonical,
     load,
-    statistics_batches,
     stock_pair,
 )
 from glmc.correction import check_correction, correct, statistics_note
@@ -58,13 +55,16 @@ from glmc.evaluate import (
     load_pair_data,
     resolve_device,
 )
-from glmc.matching.learned import LearnedMatchingOptions
-from glmc.matching.options import WeightMatchingOptions
+from glmc.methods import (  # (the registry lives in glmc.methods; re-exported here)
+    METHODS,
+    AlignOptions,
+    Method,
+    get_method,
+    register_method,
+    statistics_batches,
+)
 from glmc.model import CanonicalModel
 from glmc.tasks import TASKS
-
-_WM = WeightMatchingOptions()  # defaults are defined once, in the options
-
 
 # -- the arithmetic -----------------------------------------------------------------------
 
@@ -117,85 +117,7 @@ def lambda_grid(points: int) -> list[float]:
     return [i / (points - 1) for i in range(points)]
 
 
-# -- alignment methods --------------------------------------------------------------------
-
-
-@dataclass
-class AlignOptions:
-    """Options passed to every alignment method (each uses what applies to it).
-
-    Attributes:
-        heads: ``"inner"`` (keep head_dim) or ``"circuit"`` (both models are rewritten in
-            circuit form before aligning and interpolating).
-        max_iter, tol: weight matching's coordinate descent.
-        seed: random seed for methods that draw random numbers.
-        token_counts: (vocab,) counts; only vocabulary rows of seen tokens count.
-        progress: callback(iteration, objective) of the matching.
-        dataset: the loaded dataset, for data-driven methods (they train on its ``train``
-            split); :func:`run_barrier` fills it in when None.
-        dtype: precision the models are aligned in; evaluation is float32 regardless.
-        learned: learned matching's options (its residual group follows the method).
-        stock: both models' stock weights as loaded, for methods that average them (``none``);
-            :func:`run_barrier` fills it in for Hugging Face folders.
-        correction: applied at every λ after the interpolation (see :mod:`glmc.correction`):
-            ``"reset"`` (BatchNorm statistics recomputed) or ``"repair"`` (REPAIR), on the
-            training split; ``"none"`` keeps the interpolated statistics.
-    """
-
-    heads: str = "inner"
-    max_iter: int = _WM.max_iter
-    tol: float = _WM.tol
-    weighting: str = _WM.weighting
-    seed: int = 0
-    token_counts: torch.Tensor | None = None
-    progress: Callable[[int, float], None] | None = None
-    dataset: Dataset | None = None
-    dtype: torch.dtype = torch.float32
-    learned: LearnedMatchingOptions | None = None
-    stock: StockPair | None = None
-    correction: str = "none"
-
-
-AlignFn = Callable[[CanonicalModel, CanonicalModel, AlignOptions],
-                   "CanonicalModel | Alignment | InterpolationPath"]
-
-
-@dataclass(frozen=True)
-class Method:
-    """An alignment method: ``fn(a, b, options)`` returns B aligned to A (B's function; the
-    path is the straight line to A in canonical coordinates), an :class:`glmc.api.Alignment`
-    (the same, with the matching's details), or the path itself.
-
-    ``stock``: the method reads ``options.stock`` (the models' stock weights), so it takes
-    Hugging Face folders only.
-    """
-
-    name: str
-    fn: AlignFn
-    description: str
-    stock: bool = False
-
-
-_METHODS: dict[str, Method] = {}
-METHODS = MappingProxyType(_METHODS)
-"""Name -> :class:`Method` of every alignment method :func:`run_barrier` accepts."""
-
-
-def register_method(name: str, fn: AlignFn, description: str, *, replace: bool = False,
-                    stock: bool = False) -> None:
-    """Add an alignment method (``fn(a, b, options) -> aligned B or a path``) under ``name``
-    (``stock``: it needs the stock weights, see :class:`Method`)."""
-    if name in _METHODS and not replace:
-        raise ValueError(f"alignment method {name!r} is already registered")
-    _METHODS[name] = Method(name, fn, description, stock)
-
-
-def get_method(name: str) -> Method:
-    """The method called ``name``; GlmcError listing the available ones otherwise."""
-    if name not in _METHODS:
-        raise GlmcError(f"unknown alignment method {name!r} (available: "
-                        f"{', '.join(_METHODS)})")
-    return _METHODS[name]
+# -- corrected paths ---------------------------------------------------------------------
 
 
 @dataclass
@@ -213,72 +135,6 @@ class CorrectedPath:
             return m
         return correct(m, self.path.model_at(1.0), self.path.model_at(0.0), lam,
                        self.batches, self.how)
-
-
-@dataclass(frozen=True)
-class _CircuitPath:
-    """``path`` with attention rewritten in circuit form at every point (exact)."""
-
-    path: InterpolationPath
-
-    def model_at(self, lam: float) -> CanonicalModel:
-        m = self.path.model_at(lam)
-        return m.family.circuit_form(m)
-
-
-def _none(a: CanonicalModel, b: CanonicalModel,
-          o: AlignOptions) -> InterpolationPath | CanonicalModel:
-    if a.family.canonical_is_stock:  # (the weights as loaded are the canonical ones)
-        return b
-    if o.stock is None:  # (run_barrier refuses such inputs before any work)
-        raise GlmcError("method none averages the stock weights as loaded: give Hugging Face "
-                        "folders, or use canonical")
-    return o.stock if o.heads == "inner" else _CircuitPath(o.stock)
-
-
-def _canonical(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> CanonicalModel:
-    return b
-
-
-def _weight(residual: str) -> AlignFn:
-    def fn(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
-        return align(a, b, residual=residual, heads=o.heads, max_iter=o.max_iter, tol=o.tol,
-                     weighting=o.weighting, token_counts=o.token_counts, progress=o.progress)
-
-    return fn
-
-
-def _activation(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
-    return align(a, b, method="activation", data=o.dataset)
-
-
-def _learned(residual: str) -> AlignFn:
-    def fn(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
-        learned = replace(o.learned or LearnedMatchingOptions(), seed=o.seed)
-        return align(a, b, method="learned", residual=residual, heads=o.heads,
-                     max_iter=o.max_iter, tol=o.tol, weighting=o.weighting,
-                     token_counts=o.token_counts,
-                     data=o.dataset, learned=learned, progress=o.progress)
-
-    return fn
-
-
-register_method("none", _none, "no alignment: vanilla averaging of the stock weights as "
-                "loaded (LayerNorm γ and β averaged as they are; Hugging Face folders)",
-                stock=True)
-register_method("canonical", _canonical, "averaging in canonical coordinates (after the exact "
-                "RMSNorm rewrite), no alignment")
-register_method("weight", _weight("orthogonal"),
-                "weight matching, orthogonal residual map (data-free)")
-register_method("weight-perm", _weight("permutation"),
-                "weight matching, permutation-only residual map (the paper's ablation)")
-register_method("activation", _activation,
-                "activation matching: units paired by the correlation of their activations on "
-                "the training split (permutation symmetries only)")
-register_method("learned", _learned("orthogonal"),
-                "learned matching on the training split, from weight matching's solution")
-register_method("learned-perm", _learned("permutation"),
-                "learned matching with a permutation-only residual map (the paper's ablation)")
 
 
 # -- the report ---------------------------------------------------------------------------
@@ -314,6 +170,20 @@ class MethodResult:
     align_seconds: float
     eval_seconds: float
     alignment: Alignment | None = None
+
+    @classmethod
+    def of(cls, name: str, lambdas: list[float], losses: list[float],
+           accs: list[float] | None, align_seconds: float, eval_seconds: float,
+           alignment: Alignment | None = None) -> MethodResult:
+        """The result of the curves ``losses`` (and ``accs``) on the grid ``lambdas``."""
+        loss_curve = barrier_curve(lambdas, losses)
+        acc_curve = barrier_curve(lambdas, accs, higher_is_better=True) if accs else None
+        return cls(
+            name, lambdas, losses, accs,
+            barrier(lambdas, losses), None if accs is None else barrier(lambdas, accs, True),
+            lambdas[int(np.nanargmax(loss_curve))] if not np.isnan(loss_curve).all() else 0.0,
+            None if acc_curve is None else lambdas[int(np.argmax(acc_curve))],
+            align_seconds, eval_seconds, alignment)
 
     def _at(self, values: list[float] | None, lam: float) -> float | None:
         return None if values is None else values[self.lambdas.index(lam)]
@@ -533,67 +403,63 @@ def run_barrier(
     methods = list(dict.fromkeys(methods))
     lambdas = lambda_grid(points)
     options = options or AlignOptions(seed=seed)
-    if options.heads not in ("inner", "circuit"):
-        raise GlmcError(f"unknown heads mode {options.heads!r} (inner or circuit)")
     prep = _prepare(a, b, data, methods, split, context, tokenizer, data_seed)
-    ma, mb, ds, ctx = prep.a, prep.b, prep.dataset, prep.context
-    check_correction(ma, options.correction, _describe(a))
-    dev = resolve_device(device)
-    if options.dataset is None:
-        options = replace(options, dataset=ds)
-    if options.stock is None:
-        options = replace(options, stock=prep.stock)
+    check_correction(prep.a, options.correction, _describe(a))
+    options = replace(options, stock=options.stock or prep.stock,
+                      data=options.data if isinstance(options.data, Dataset) else prep.dataset)
     if options.heads == "circuit":
-        ma, mb = (m.family.circuit_form(m) for m in (ma, mb))
-    bs = batch_size or default_batch_size(ma.config, ctx)
-    batches = fixed_batches(ds, split, batch_size=bs, context=ctx, max_batches=max_batches)
-    evaluator = Evaluator(ma.config, batches, device=dev)
-    classifier = ma.task.classifier
-
-    wa, wb = ma.to(options.dtype), mb.to(options.dtype)  # what the methods align
-    results: dict[str, MethodResult] = {}
-    for name in methods:
-        method = get_method(name)
-        if progress is not None:
-            progress(name, "align", 0, 1)
-        t1 = time.perf_counter()
-        out = method.fn(wa, wb, options)  # (already in circuit form when wa, wb are)
-        alignment = out if isinstance(out, Alignment) else None
-        aligned = out.aligned if alignment is not None else out
-        path = LinePath(ma, aligned) if isinstance(aligned, CanonicalModel) else aligned
-        if options.correction != "none":
-            path = CorrectedPath(path, options.correction, statistics_batches(ma, ds))
-        t_align = time.perf_counter() - t1
-        if progress is not None:
-            progress(name, "align", 1, 1)
-        t2 = time.perf_counter()
-
-        def step(done: int, total: int, name: str = name) -> None:
-            if progress is not None:
-                progress(name, "eval", done, total)
-
-        evals = evaluator.evaluate_along(path, lambdas, progress=step)
-        t_eval = time.perf_counter() - t2
-        losses = [r.loss for r in evals]
-        accs = [float(r.accuracy) for r in evals] if classifier else None  # type: ignore[arg-type]
-        loss_curve = barrier_curve(lambdas, losses)
-        acc_curve = barrier_curve(lambdas, accs, higher_is_better=True) if accs else None
-        results[name] = MethodResult(
-            name, lambdas, losses, accs,
-            barrier(lambdas, losses), None if accs is None else barrier(lambdas, accs, True),
-            lambdas[int(np.nanargmax(loss_curve))] if not np.isnan(loss_curve).all() else 0.0,
-            None if acc_curve is None else lambdas[int(np.argmax(acc_curve))],
-            t_align, t_eval, alignment)
-
+        prep.a, prep.b = (m.family.circuit_form(m) for m in (prep.a, prep.b))
+    bs = batch_size or default_batch_size(prep.a.config, prep.context)
+    batches = fixed_batches(prep.dataset, split, batch_size=bs, context=prep.context,
+                            max_batches=max_batches)
+    evaluator = Evaluator(prep.a.config, batches, device=resolve_device(device))
+    results = {name: _measure(get_method(name), prep, evaluator, options, lambdas, progress)
+               for name in methods}
     warnings = _endpoint_warnings(results)
-    note = statistics_note(ma, options.correction)
-    if note is not None:
-        warnings.append(note)
+    note = statistics_note(prep.a, options.correction)
+    warnings += [note] if note is not None else []
+    ds = prep.dataset
     data_name = str(data) if isinstance(data, (str, Path)) else str(ds.name)
     return BarrierReport(
-        _describe(a), _describe(b), data_name, split, ma.config.task,
-        ctx if isinstance(ds, TextDataset) else None, evaluator.count, lambdas, results,
-        time.perf_counter() - t0, warnings, label, prep.data_seed)
+        _describe(a), _describe(b), data_name, split, prep.a.config.task,
+        prep.context if isinstance(ds, TextDataset) else None, evaluator.count, lambdas,
+        results, time.perf_counter() - t0, warnings, label, prep.data_seed)
+
+
+def _measure(method: Method, prep: _Prepared, evaluator: Evaluator, options: AlignOptions,
+             lambdas: list[float], progress: ProgressFn | None) -> MethodResult:
+    """Align with ``method``, evaluate its path on the grid, and compute its barriers."""
+    name = method.name
+
+    def report(stage: str, done: int, total: int) -> None:
+        if progress is not None:
+            progress(name, stage, done, total)
+
+    report("align", 0, 1)
+    t1 = time.perf_counter()
+    path, alignment = _path(method, prep, options)
+    t_align = time.perf_counter() - t1
+    report("align", 1, 1)
+    t2 = time.perf_counter()
+    evals = evaluator.evaluate_along(path, lambdas,
+                                     progress=lambda done, total: report("eval", done, total))
+    t_eval = time.perf_counter() - t2
+    losses = [r.loss for r in evals]
+    accs = [float(r.accuracy) for r in evals] if prep.a.task.classifier else None  # type: ignore[arg-type]
+    return MethodResult.of(name, lambdas, losses, accs, t_align, t_eval, alignment)
+
+
+def _path(method: Method, prep: _Prepared,
+          options: AlignOptions) -> tuple[InterpolationPath, Alignment | None]:
+    """The path ``method`` gives between A and B (and its alignment, if it aligned)."""
+    wa, wb = prep.a.to(options.dtype), prep.b.to(options.dtype)  # what the methods align
+    out = method(wa, wb, options)
+    alignment = out if isinstance(out, Alignment) else None
+    aligned = out.aligned if alignment is not None else out
+    path = LinePath(prep.a, aligned) if isinstance(aligned, CanonicalModel) else aligned
+    if options.correction != "none":
+        path = CorrectedPath(path, options.correction, statistics_batches(prep.a, prep.dataset))
+    return path, alignment
 
 
 def _endpoint_warnings(results: dict[str, MethodResult], rtol: float = 1e-3) -> list[str]:
@@ -607,3 +473,8 @@ def _endpoint_warnings(results: dict[str, MethodResult], rtol: float = 1e-3) -> 
             out.append(f"method {r.name}: loss of B aligned {r.loss_b:.6g} differs from "
                        f"{ref.name}'s {ref.loss_b:.6g}; the alignment changed B's function")
     return out
+
+
+__all__ = ["METHODS", "AlignOptions", "BarrierReport", "CorrectedPath", "Method",
+           "MethodResult", "barrier", "barrier_batches", "barrier_curve", "get_method",
+           "lambda_grid", "prepare_barrier", "register_method", "run_barrier"]

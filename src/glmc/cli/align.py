@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +15,7 @@ from glmc.cli.options import (
     add_alignment_options,
     add_learned_options,
     add_tokenizer,
+    alignment_options,
     check_at_least,
     learned_options,
 )
@@ -49,9 +52,10 @@ def load_pair(args: argparse.Namespace,
     return a, b
 
 
-def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel,
-                  method: str) -> Alignment:
-    """Weight matching (with a spinner), then learned matching (with a progress bar)."""
+@contextmanager
+def alignment_progress(args: argparse.Namespace) -> Iterator[dict]:
+    """Progress bars of weight and learned matching on stderr (none under --json, off a
+    terminal, or on a rank other than the first): the callbacks AlignOptions takes."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -60,22 +64,16 @@ def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel,
         TimeElapsedColumn,
     )
 
-    from glmc.api import align, read_token_counts
     from glmc.cli.common import console
     from glmc.distributed import is_main
 
-    counts = None
-    if args.token_counts:
-        counts = read_token_counts(args.token_counts, a.canonical.config.vocab_size)
-    learned = learned_options(args, args.out) if method == "learned" else None
     # (off a terminal a transient bar shows nothing, and leaves a blank line on stderr)
     quiet = getattr(args, "json", False) or not is_main() or not console.is_terminal
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True, disable=quiet) as bar:
         wm = bar.add_task("weight matching", total=args.iters)
-        lm = bar.add_task("learned matching", total=learned.steps, visible=False) if learned \
-            else None
+        lm = bar.add_task("learned matching", total=args.steps, visible=False)
         state = {"barrier": "?"}
 
         def progress(it: int, obj: float) -> None:
@@ -88,12 +86,18 @@ def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel,
                        description=f"learned matching: loss {loss:.4f}, "
                        f"midpoint barrier {state['barrier']}")
 
-        return align(a, b, method=method, residual=args.residual,
-                     heads=args.heads, max_iter=args.iters, tol=args.tol,
-                     weighting=args.weighting, token_counts=counts,
-                     data=getattr(args, "data", None), tokenizer=getattr(args, "tokenizer", None),
-                     data_seed=args.data_seed, learned=learned, progress=progress,
-                     learned_progress=learned_progress)
+        yield {"progress": progress, "learned_progress": learned_progress}
+
+
+def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel,
+                  method: str) -> Alignment:
+    """B aligned to A by ``method`` with the command's options, showing progress."""
+    from glmc.api import align
+
+    with alignment_progress(args) as callbacks:
+        options = alignment_options(args, getattr(a.canonical.config, "vocab_size", None),
+                                    **callbacks)
+        return align(a, b, method=method, options=options)
 
 
 def write_output(out: str, model: CanonicalModel, stock: bool, extra: dict,
@@ -107,10 +111,9 @@ def write_output(out: str, model: CanonicalModel, stock: bool, extra: dict,
                        stock_state=stock_state), Path(out)
 
 
-def drop_checkpoint(args: argparse.Namespace, method: str) -> None:
+def drop_checkpoint(args: argparse.Namespace) -> None:
     """A finished learned-matching run's checkpoint is no longer needed."""
-    if method == "learned":
-        Path(learned_options(args, args.out).checkpoint).unlink(missing_ok=True)
+    Path(learned_options(args, args.out).checkpoint).unlink(missing_ok=True)
 
 
 def reference_logits(b: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,8 +151,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    choices=ALIGN_METHODS, default="weight",
                    help="weight: data-free weight matching; activation: units paired by the "
                    "correlation of their activations on --data (permutation symmetries only); "
-                   "learned: weight matching, then learned matching on --data (the same word "
-                   "as merge and barrier take; --method is its old name)")
+                   "learned: weight matching, then learned matching on --data; weight-perm, "
+                   "learned-perm: the same with a permutation-only residual map (the names "
+                   "merge and barrier take; --method is its old name)")
     p.add_argument("--data", help="training data for activation or learned matching (name or "
                    "path)")
     add_tokenizer(p)
@@ -190,7 +194,7 @@ def _run(args: argparse.Namespace) -> int:
     fmt, out = write_output(args.out, aligned, not args.no_stock, report, transform)
     del aligned
     report["certificate"] = certify_folder(out, x, want)
-    drop_checkpoint(args, args.align)
+    drop_checkpoint(args)
     report["seconds"] = round(time.perf_counter() - t0, 3)
     report["format"] = fmt
     write_report(out, report)

@@ -14,8 +14,8 @@ from glmc.cli.options import (
     add_correction,
     add_learned_options,
     add_tokenizer,
+    alignment_options,
     check_at_least,
-    learned_options,
 )
 from glmc.data.catalog import DATASETS
 from glmc.defaults import DEFAULT_IMAGE_BATCH, DEFAULT_TEXT_TOKENS, METHOD_NAMES, TEXT_LOGITS_BUDGET
@@ -136,8 +136,7 @@ def run(args: argparse.Namespace) -> int:
         TimeElapsedColumn,
     )
 
-    from glmc.api import read_token_counts
-    from glmc.barrier import AlignOptions, get_method, lambda_grid, prepare_barrier, run_barrier
+    from glmc.barrier import get_method, lambda_grid, prepare_barrier, run_barrier
     from glmc.cli.common import console
     from glmc.evaluate import resolve_device
     from glmc.io.folders import load_model
@@ -155,17 +154,13 @@ def run(args: argparse.Namespace) -> int:
     resolve_device(args.device)
     a = load_model(args.a, allow_pickle=args.allow_pickle)
     b = load_model(args.b, allow_pickle=args.allow_pickle)
-    counts = None
-    if args.token_counts:
-        counts = read_token_counts(args.token_counts, a.canonical.config.vocab_size)
     # Every check on the data before any long work (run_barrier repeats them, and reads the
     # data again: a second or so, and the report gets the split seed it used).
     _, _, data, _ = prepare_barrier(a, b, args.data, methods=methods, split=args.split,
                                     context=args.context, tokenizer=args.tokenizer,
                                     data_seed=args.data_seed)
-    options = AlignOptions(heads=args.heads, max_iter=args.iters, tol=args.tol,
-                           weighting=args.weighting, seed=args.seed, token_counts=counts,
-                           learned=learned_options(args, None), correction=args.correction)
+    options = alignment_options(args, getattr(a.canonical.config, "vocab_size", None),
+                                seed=args.seed)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     # (off a terminal a transient bar shows nothing, and leaves a blank line on stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from glmc.cli.align import drop_checkpoint, load_pair, run_alignment, write_output
+from glmc.cli.align import alignment_progress, drop_checkpoint, load_pair, write_output
 from glmc.cli.common import add_allow_pickle, add_json, add_out, emit_json
 from glmc.cli.main import add_command
 from glmc.cli.options import (
@@ -13,8 +13,9 @@ from glmc.cli.options import (
     add_correction,
     add_learned_options,
     add_tokenizer,
+    alignment_options,
 )
-from glmc.defaults import MERGE_METHODS
+from glmc.defaults import METHOD_NAMES
 from glmc.errors import GlmcError
 
 
@@ -29,12 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("b", help="model folder B (alpha = 0)")
     add_out(p, "output folder (written atomically)")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of model A")
-    p.add_argument("--align", choices=MERGE_METHODS, default="weight",
+    p.add_argument("--align", choices=METHOD_NAMES, default="weight",
                    help="how to align B to A before averaging. none: no alignment, the "
                    "paper's vanilla average of the stock weights as loaded (Hugging Face "
                    "folders; written as is in the stock class); canonical: no alignment, "
                    "averaging in canonical coordinates (after the exact RMSNorm rewrite); "
-                   "weight, activation, learned: align first")
+                   "the other methods align first (see glmc align --help)")
     p.add_argument("--data", help="training data for --align activation or learned and for "
                    "--correction (name or path)")
     add_correction(p)
@@ -58,74 +59,35 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    from glmc.api import (
-        correction_data,
-        interpolate,
-        prepare_pair,
-        statistics_batches,
-        stock_pair,
-        write_report,
-    )
-    from glmc.correction import correct, statistics_note
+    from glmc.api import merge_pair, write_report
     from glmc.distributed import is_main
 
-    if not 0.0 <= args.alpha <= 1.0:
+    if not 0.0 <= args.alpha <= 1.0:  # (before any loading; the library checks it again)
         raise GlmcError(f"--alpha must lie in [0, 1], got {args.alpha}")
     if args.align == "none" and args.heads != "inner":
         raise GlmcError("--heads circuit does not apply to --align none (the stock weights "
                         "are averaged as loaded); use --align canonical --heads circuit")
     t0 = time.perf_counter()
     a, b = load_pair(args, keep_stock=args.align == "none")
-    data = None
-    if args.correction != "none":  # (checked before any matching)
-        data = correction_data(a, b, args.correction, args.data, args.tokenizer, args.data_seed)
-        args.data = data
     if args.align != "none":
         b.stock_state = None  # (the merge needs both in canonical form only)
-    report: dict = {"command": "merge", "a": str(args.a), "b": str(args.b),
-                    "alpha": args.alpha, "align": args.align, "correction": args.correction}
-    transform = stock_state = None
-    if args.align == "none" and a.canonical.family.canonical_is_stock:
-        ca, cb = prepare_pair(a, b)  # (the weights as loaded are the canonical ones)
-        if not is_main():
-            return 0
-    elif args.align == "none":  # the stock weights averaged as loaded, written as they are
-        ca, _ = prepare_pair(a, b)  # (the checks, and the shared tokenizer)
-        pair = stock_pair(a, b)
-        if not is_main():
-            return 0
-        stock_state = (pair.hf_config, pair.state_at(args.alpha))
-        merged = pair.model_at(args.alpha).with_files(ca.files)
-    elif args.align == "canonical":
-        ca, cb = prepare_pair(a, b, args.heads)
-        if not is_main():
-            return 0
-    else:
-        al = run_alignment(args, a, b, args.align)
-        if not is_main():
-            return 0
-        ca, cb, transform = al.a, al.aligned, al.transform
-        report |= {"residual": args.residual, "heads": args.heads,
-                   "matching": al.match.to_json() if al.match else None,
-                   "learned": al.learned.to_json() if al.learned else None}
-    if args.align != "none" or ca.family.canonical_is_stock:
-        merged = ca.with_state(interpolate(ca.state, cb.state, args.alpha))
-    if data is not None:
-        merged = correct(merged, ca, cb, args.alpha, statistics_batches(ca, data),
-                         args.correction)
-        stock_state = None  # (the corrected model, not the stock average, is written)
-    note = statistics_note(merged, args.correction)
-    if note is not None:
-        report["statistics"] = note
-    fmt, out = write_output(args.out, merged.to(torch.float32), not args.no_stock, report,
-                            transform, stock_state)
+    with alignment_progress(args) as callbacks:
+        options = alignment_options(args, getattr(a.canonical.config, "vocab_size", None),
+                                    **callbacks)
+        out = merge_pair(a, b, alpha=args.alpha, align_method=args.align, options=options)
+    if not is_main():
+        return 0
+    report = out.report() | {"a": str(args.a), "b": str(args.b)}
+    transform = out.alignment.transform if out.alignment is not None else None
+    fmt, folder = write_output(args.out, out.model.to(torch.float32), not args.no_stock,
+                               report, transform, out.stock_state)
     report["format"] = fmt
-    drop_checkpoint(args, args.align)
+    drop_checkpoint(args)
     report["seconds"] = round(time.perf_counter() - t0, 3)
-    write_report(out, report)
+    write_report(folder, report)
     if args.json:
         emit_json(report)
     else:
-        print(f"wrote {out} ({fmt}): {args.alpha}·A + {1 - args.alpha:g}·"
+        print(f"wrote {folder} ({fmt}): {args.alpha}·A + {1 - args.alpha:g}·"
               f"{'π(B)' if transform is not None else 'B'}")
     return 0

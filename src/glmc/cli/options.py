@@ -104,3 +104,22 @@ def learned_options(args: argparse.Namespace, out: str | Path | None) -> Learned
         eval_every=args.eval_every, patience=args.patience, seed=args.seed,
         residual=getattr(args, "residual", "orthogonal"), checkpoint=ckpt,
         checkpoint_every=args.checkpoint_every, resume=args.resume)
+
+
+def alignment_options(args: argparse.Namespace, vocab_size: int | None = None, **extra):
+    """The :class:`glmc.methods.AlignOptions` the parsed options name (those the command
+    has), plus ``extra`` (progress callbacks, data); token counts are read against
+    ``vocab_size``."""
+    from glmc.api import read_token_counts
+    from glmc.methods import AlignOptions
+
+    counts = None
+    if getattr(args, "token_counts", None):
+        counts = read_token_counts(args.token_counts, vocab_size or 0)
+    fields = {"residual": getattr(args, "residual", "orthogonal"), "heads": args.heads,
+              "max_iter": args.iters, "tol": args.tol, "weighting": args.weighting,
+              "token_counts": counts, "data": getattr(args, "data", None),
+              "tokenizer": getattr(args, "tokenizer", None), "data_seed": args.data_seed,
+              "learned": learned_options(args, getattr(args, "out", None)),
+              "correction": getattr(args, "correction", "none")}
+    return AlignOptions(**(fields | extra))
