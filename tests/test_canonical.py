@@ -11,7 +11,7 @@ from glmc.families.transformer.circuit import to_circuit
 from glmc.families.transformer.gpt2 import NORM_F_BIAS_MIN_GAMMA
 from glmc.families.transformer.model import CanonicalConfig, rms_norm
 from glmc.io.folders import load_model, write_model
-from glmc.symmetry.groups import Group
+from glmc.symmetry.groups import OrthogonalGroup, PermutationGroup
 
 F64_TOL, F32_TOL = 1e-9, 1e-4
 
@@ -54,7 +54,7 @@ def test_canonical_model_is_centred_and_has_a_valid_spec(h, arch):
         if name.startswith(("embed.", "blocks.")):
             assert float(x.mean(axis).abs().max()) < 1e-12 * float(x.abs().max()), name
     # The residual group is orthogonal and there is one permutation space per MLP.
-    assert spec.spaces["res"] == Group("orthogonal", canon.config.d_model)
+    assert spec.spaces["res"] == OrthogonalGroup(canon.config.d_model)
     assert sorted(s for s, r in spec.roles.items() if r == "mlp") == ["mlp.0", "mlp.1"]
 
 
@@ -78,7 +78,7 @@ def test_canonical_config_round_trips_through_json(h, arch):
 def test_rms_norm_commutes_with_orthogonal_maps():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 7, dtype=torch.float64, generator=g)
-    o = Group("orthogonal", 7).random(g).matrix()
+    o = OrthogonalGroup(7).random(g).matrix()
     torch.testing.assert_close(rms_norm(x @ o.T, 1e-5), rms_norm(x, 1e-5) @ o.T)
 
 
@@ -86,7 +86,7 @@ def test_to_circuit_is_idempotent(h):
     circuit = to_circuit(h.make_tiny("vit").canonical())
     assert to_circuit(circuit) is circuit
     spec = circuit.spec
-    assert spec.spaces["heads.0"] == Group("permutation", circuit.config.n_head)
+    assert spec.spaces["heads.0"] == PermutationGroup(circuit.config.n_head)
     assert not any(r in ("qk", "ov") for r in spec.roles.values())
 
 

@@ -16,9 +16,10 @@ import glmc.families.convnet  # noqa: F401  (registers the family and its archs)
 from glmc.families import ARCHS, FAMILIES
 from glmc.families.convnet import ConvNetConfig, build, convnet_probes
 from glmc.model import CanonicalModel
-from glmc.symmetry.groups import Group, Permutation
+from glmc.symmetry.groups import Permutation, PermutationGroup
 from glmc.symmetry.spec import SymmetrySpec
 from glmc.symmetry.transform import Transform
+from glmc.training.options import TrainConfig
 
 KINDS = [("mlp", "none")] + [(a, n) for a in ("vgg11", "vgg16", "resnet20")
                             for n in ("batch", "layer", "none")]
@@ -115,7 +116,7 @@ def untie(spec: SymmetrySpec, prefixes: tuple[str, ...], space: str) -> Symmetry
             tags = tuple(None if tag is None else tuple(
                 ("untied" if s == space else s, v) for s, v in tag) for tag in tags)
         axes[name] = tags
-    spaces = {**spec.spaces, "untied": Group("permutation", spec.spaces[space].size)}
+    spaces = {**spec.spaces, "untied": PermutationGroup(spec.spaces[space].size)}
     return SymmetrySpec(spaces, axes, spec.roles, spec.buffers)
 
 
@@ -238,14 +239,15 @@ def test_arch_trains_and_saves(name: str, tmp_path) -> None:
     counter), and a glmc folder whose weights load strictly into the same config."""
     arch = ARCHS[name]
     assert arch.task == "image_classifier" and arch.help
-    cfg = SimpleNamespace(arch=name, width=2, norm="layer", base=2)
+    cfg = TrainConfig(arch=name, data="digits", width=2, norm="layer", base=2)
     ds = SimpleNamespace(image_size=8, num_channels=3, num_classes=5)
     config = arch.model_config(cfg, ds)
     assert (config.arch, config.width, config.num_labels) == (name, 2, 5)
     assert config.norm == ("none" if name == "mlp" else "layer")
     assert arch.config_from_json(arch.config_to_json(config)) == config
-    plain = arch.model_config(SimpleNamespace(arch=name), ds)  # options without the new fields
+    plain = arch.model_config(TrainConfig(arch=name, data="digits"), ds)  # the defaults
     assert plain.width == 1 and plain.norm == ("none" if name == "mlp" else "batch")
+    assert plain.hidden == 512 if name == "mlp" else plain.base is not None
     torch.manual_seed(0)
     model = arch.build(plain).train()
     x = torch.randn(4, 3, 8, 8)

@@ -11,14 +11,18 @@ from hypothesis import strategies as st
 from glmc.errors import GlmcError
 from glmc.families.transformer.circuit import to_circuit
 from glmc.symmetry.groups import (
+    BlockInvertibleGroup,
     BlockMatrix,
     Element,
-    Group,
     Matrix,
+    OrthogonalGroup,
     Permutation,
+    PermutationGroup,
     element_from_tensors,
     element_meta,
     embed_fixing_ones,
+    group_from_json,
+    group_kind,
     ones_complement_basis,
 )
 from glmc.symmetry.spec import SymmetrySpec, inp, out
@@ -146,7 +150,7 @@ def is_permutation_matrix(t: torch.Tensor) -> bool:
 @settings(max_examples=25)
 @given(n=st.integers(3, 24), seed=st.integers(0, 2**31 - 1))
 def test_random_orthogonal_fixing_ones(n, seed):
-    o = Group("orthogonal", n).random(gen(seed), subgroup="fix_ones").matrix(F64)
+    o = OrthogonalGroup(n).random(gen(seed), subgroup="fix_ones").matrix(F64)
     ones = torch.ones(n, dtype=F64)
     torch.testing.assert_close(o @ o.T, torch.eye(n, dtype=F64), **TIGHT)
     torch.testing.assert_close(o @ ones, ones, **TIGHT)
@@ -157,7 +161,7 @@ def test_random_orthogonal_fixing_ones(n, seed):
 @settings(max_examples=25)
 @given(n=st.integers(2, 24), seed=st.integers(0, 2**31 - 1))
 def test_random_orthogonal_does_not_fix_ones_by_default(n, seed):
-    o = Group("orthogonal", n).random(gen(seed)).matrix(F64)
+    o = OrthogonalGroup(n).random(gen(seed)).matrix(F64)
     torch.testing.assert_close(o @ o.T, torch.eye(n, dtype=F64), **TIGHT)
     ones = torch.ones(n, dtype=F64)
     assert float((o @ ones - ones).norm()) > 1e-6
@@ -176,31 +180,91 @@ def test_ones_complement_basis_is_orthonormal_and_orthogonal_to_ones():
 
 
 @pytest.mark.parametrize(("group", "subgroup"), [
-    (Group("permutation", 6), None),
-    (Group("permutation", 12, block=3), None),
-    (Group("orthogonal", 6), None),
-    (Group("orthogonal", 6), "permutation"),
-    (Group("block_invertible", 12, block=3), None),
-    (Group("block_invertible", 12, block=3), "orthogonal"),
+    (PermutationGroup(6), None),
+    (PermutationGroup(12, block=3), None),
+    (OrthogonalGroup(6), None),
+    (OrthogonalGroup(6), "permutation"),
+    (BlockInvertibleGroup(12, block=3), None),
+    (BlockInvertibleGroup(12, block=3), "orthogonal"),
 ])
 def test_random_elements_lie_in_their_group(group, subgroup):
     e = group.random(gen(7), subgroup=subgroup)
     t = e.matrix(F64)
     assert e.size == group.size and t.shape == (group.size, group.size)
     eye = torch.eye(group.size, dtype=F64)
-    orthogonal = group.kind != "block_invertible" or subgroup == "orthogonal"
+    orthogonal = group.isometric or subgroup == "orthogonal"
     if orthogonal:
         torch.testing.assert_close(t @ t.T, eye, **TIGHT)
     else:
         assert not torch.allclose(t @ t.T, eye, atol=1e-3)
-    if group.kind == "permutation" or subgroup == "permutation":
+    if isinstance(group, PermutationGroup) or subgroup == "permutation":
         assert isinstance(e, Permutation) and is_permutation_matrix(t)
-    if group.kind == "block_invertible":
+    if isinstance(group, BlockInvertibleGroup):
         mask = torch.block_diag(*[torch.ones(group.block, group.block)] * group.n_blocks)
         assert bool((t[mask == 0] == 0).all())
         assert bool((torch.linalg.svdvals(t) > 0.5).all())  # well conditioned
     ident = group.identity(F64).matrix(F64)
     torch.testing.assert_close(ident, eye)
+
+
+def test_group_kinds_are_types_named_by_their_kind():
+    """``group_kind`` gives the kind's class; ``to_json`` names the kind and
+    ``group_from_json`` reads it back."""
+    assert group_kind("permutation") is PermutationGroup
+    assert group_kind("orthogonal") is OrthogonalGroup
+    assert BlockInvertibleGroup(12, 3) != PermutationGroup(12, 3)
+    for g in (PermutationGroup(12, block=3), OrthogonalGroup(5), BlockInvertibleGroup(8, 4)):
+        assert set(g.to_json()) == {"kind", "size", "block"}
+        assert group_from_json(g.to_json()) == g
+    assert PermutationGroup(6).to_json() == {"kind": "permutation", "size": 6, "block": 1}
+    with pytest.raises(ValueError, match="unknown group kind 'mirror'"):
+        group_kind("mirror")
+
+
+def test_solve_maximises_a_linear_objective_over_the_group():
+    """Weight matching's step: the element T with the largest ⟨T, m⟩ (an assignment over the
+    blocks, a Procrustes), warm-started from the current element."""
+    import itertools
+
+    g = gen(3)
+    m = torch.randn(4, 4, generator=g, dtype=F64)
+    best = max(itertools.permutations(range(4)), key=lambda p: float(m[range(4), list(p)].sum()))
+    heads = PermutationGroup(8, block=2)
+    e = heads.solve(m, heads.identity())
+    assert isinstance(e, Permutation) and e.block == 2 and e.perm.tolist() == list(best)
+    assert heads.solve(m, e).perm.tolist() == list(best)  # (optimal: kept)
+    stream = OrthogonalGroup(4)
+    for fix_ones in (False, True):
+        o = stream.solve(m, fix_ones=fix_ones, dtype=F64).matrix(F64)
+        torch.testing.assert_close(o @ o.T, torch.eye(4, dtype=F64), **TIGHT)
+        if fix_ones:
+            torch.testing.assert_close(o @ torch.ones(4, dtype=F64), torch.ones(4, dtype=F64))
+        else:
+            others = (stream.random(gen(s)).matrix(F64) for s in range(20))
+            assert all(float((o * m).sum()) >= float((r * m).sum()) for r in others)
+    assert stream.permutations() == PermutationGroup(4)
+    assert stream.permutations().solve(m).perm.tolist() == list(best)
+    with pytest.raises(NotImplementedError):
+        BlockInvertibleGroup(4, block=2).solve(m)
+
+
+def test_latents_start_at_their_element():
+    """Each group builds its learned-matching latent; at the start it gives the start."""
+    g = gen(5)
+    cases = [(PermutationGroup(6, block=2), {}), (OrthogonalGroup(5), {"fix_ones": False}),
+             (BlockInvertibleGroup(6, block=3), {"inner": "invertible"}),
+             (BlockInvertibleGroup(6, block=3), {"inner": "orthogonal"}),
+             (BlockInvertibleGroup(6, block=3), {"inner": "permutation"})]
+    for group, how in cases:
+        start = group.random(g, subgroup="orthogonal" if how.get("inner") == "orthogonal"
+                             else None)
+        lat = group.latent(start, space="s", **how)
+        torch.testing.assert_close(lat().matrix(F64), start.matrix(F64), **TIGHT)
+        torch.testing.assert_close(lat.element().matrix(F64), start.matrix(F64), **TIGHT)
+        assert any(True for _ in lat.parameters()) == (how.get("inner") != "permutation")
+    with pytest.raises(GlmcError, match="space s: the start is not a permutation"):
+        PermutationGroup(5).latent(OrthogonalGroup(5).identity(), space="s")
+    assert BlockInvertibleGroup(6, block=3).latent(OrthogonalGroup(6).identity()) is None
 
 
 # -- Transform on canonical specs -----------------------------------------------------------
@@ -226,8 +290,8 @@ def test_spec_of_head_form_nests_inner_maps_inside_head_permutations(h):
     assert spec.axes["blocks.0.attn.q.weight"][0] == out("qk.0", "heads.0")
     assert spec.axes["blocks.0.attn.k.weight"][0] == inp("qk.0", "heads.0")
     assert spec.axes["blocks.0.attn.o.weight"] == (out("res"), inp("ov.0", "heads.0"))
-    assert spec.spaces["heads.0"] == Group("permutation", 12, block=4)
-    assert spec.spaces["qk.0"] == Group("block_invertible", 12, block=4)
+    assert spec.spaces["heads.0"] == PermutationGroup(12, block=4)
+    assert spec.spaces["qk.0"] == BlockInvertibleGroup(12, block=4)
     assert spec.roles["res"] == "residual"
 
 
@@ -304,7 +368,7 @@ def test_transform_load_errors(tmp_path):
 
 def test_spec_validate_and_occurrences():
     spec = SymmetrySpec(
-        spaces={"res": Group("orthogonal", 4), "mlp": Group("permutation", 6)},
+        spaces={"res": OrthogonalGroup(4), "mlp": PermutationGroup(6)},
         axes={"fc.weight": (out("mlp"), inp("res")), "proj.weight": (out("res"), inp("mlp"))},
     )
     assert sorted(spec.occurrences("res")) == [("fc.weight", 1, "in"), ("proj.weight", 0, "out")]

@@ -13,7 +13,7 @@ from glmc.errors import GlmcError
 from glmc.io.folders import write_model
 from glmc.matching.solvers import align_inner, assignment, procrustes
 from glmc.matching.weight import WeightMatchingOptions, weight_matching
-from glmc.symmetry.groups import Group, Permutation
+from glmc.symmetry.groups import BlockInvertibleGroup, OrthogonalGroup, Permutation
 from glmc.symmetry.transform import Transform
 
 F64 = torch.float64
@@ -312,7 +312,7 @@ def test_assignment_recovers_a_permutation_and_keeps_an_optimal_one():
 @pytest.mark.parametrize("fix_ones", [False, True])
 def test_procrustes_recovers_an_orthogonal_map(fix_ones):
     g = torch.Generator().manual_seed(0)
-    o = Group("orthogonal", 10).random(g, subgroup="fix_ones" if fix_ones else None).matrix()
+    o = OrthogonalGroup(10).random(g, subgroup="fix_ones" if fix_ones else None).matrix()
     x = torch.randn(10, 40, generator=g, dtype=F64)
     if fix_ones:
         x = x - x.mean(0)  # centred data: the all-ones direction is in the null space
@@ -324,7 +324,7 @@ def test_align_inner_recovers_an_invertible_head_map():
     g = torch.Generator().manual_seed(0)
     k, d = 4, 12
     xa, ya = torch.randn(k, d, generator=g, dtype=F64), torch.randn(k, d, generator=g, dtype=F64)
-    m = Group("block_invertible", k, block=k).random(g).matrix()
+    m = BlockInvertibleGroup(k, block=k).random(g).matrix()
     xb, yb = torch.linalg.solve(m, xa), m.T @ ya  # head b = head a under M⁻¹
     rec = align_inner(xa, ya, xb, yb, invertible=True)
     torch.testing.assert_close(rec @ xb, xa)
@@ -400,10 +400,10 @@ def test_unit_workers_respect_chained_units_and_the_memory_budget():
     from types import SimpleNamespace
 
     from glmc.matching.weight import UNITS_IN_FLIGHT_BYTES, unit_workers
-    from glmc.symmetry.groups import Group
+    from glmc.symmetry.groups import PermutationGroup
 
     def prob(n: int, independent: bool = True):
-        spaces = {f"mlp.{i}": Group("permutation", n) for i in range(8)}
+        spaces = {f"mlp.{i}": PermutationGroup(n) for i in range(8)}
         return SimpleNamespace(independent=independent, units=list(spaces),
                                spec=SimpleNamespace(spaces=spaces))
 

@@ -113,6 +113,10 @@ class Arch:
     def model_config(self, cfg: TrainConfig, ds: Dataset) -> Any:
         raise NotImplementedError
 
+    def describe(self, cfg: TrainConfig) -> str:
+        """The model a training config makes, in a few words (for reports)."""
+        return self.name
+
     def config_to_json(self, config: Any) -> dict:
         return config.to_json()
 

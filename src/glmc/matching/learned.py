@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -35,16 +35,12 @@ from glmc.matching.options import (
     default_inner,
     parse_lambda,
 )
-from glmc.matching.parametrize import (
-    BlockLatent,
-    OrthogonalLatent,
-    PermutationLatent,
-    project_all,
-)
+from glmc.matching.parametrize import PermutationLatent, project_all
 from glmc.matching.problem import Problem, head_tensors
 from glmc.matching.weight import inner_maps
 from glmc.model import CanonicalModel
-from glmc.symmetry.groups import BlockMatrix, Element, Matrix, Permutation
+from glmc.symmetry.groups import BlockMatrix, Element, Group, Matrix, Permutation
+from glmc.symmetry.spec import SymmetrySpec
 from glmc.symmetry.transform import Transform, apply_axes
 
 StateDict = dict[str, torch.Tensor]
@@ -80,6 +76,15 @@ def _key(space: str) -> str:
     return space.replace(".", "_")  # (ModuleDict keys cannot hold dots)
 
 
+def learned_group(spec: SymmetrySpec, space: str, residual: str) -> Group | None:
+    """The group ``space`` learns in: its own, but for the residual stream as ``residual``
+    says ("none": kept as it starts; "permutation": its permutations, the ablation)."""
+    group = spec.spaces[space]
+    if spec.roles.get(space) != "residual" or residual == "orthogonal":
+        return group
+    return None if residual == "none" else group.permutations()
+
+
 class Latents(torch.nn.Module):
     """One latent per space (or a fixed element where nothing trains), and the hard
     elements they give. Head assignments that change are followed by fresh inner maps."""
@@ -93,21 +98,13 @@ class Latents(torch.nn.Module):
         lat: dict[str, torch.nn.Module] = {}
         for s, g in spec.spaces.items():
             e = init.elements.get(s, g.identity())
-            role = spec.roles.get(s)
-            if role == "residual" and residual == "none":
+            group = learned_group(spec, s, residual)
+            m = None if group is None else group.latent(e, space=s, fix_ones=fix_ones,
+                                                        inner=inner)
+            if m is None:
                 self.fixed[s] = e
-            elif role == "residual" and residual == "orthogonal":
-                lat[s] = OrthogonalLatent(e, fix_ones)
-            elif g.kind == "permutation" or role == "residual":
-                if not isinstance(e, Permutation):
-                    raise GlmcError(f"space {s}: the start is not a permutation (the "
-                                    "permutation-only ablation starts from weight matching "
-                                    "with residual=permutation)")
-                lat[s] = PermutationLatent(e)
-            elif isinstance(e, BlockMatrix):
-                lat[s] = BlockLatent(e, "fixed" if inner == "permutation" else inner)
             else:
-                self.fixed[s] = e
+                lat[s] = m
         self.latents = torch.nn.ModuleDict({_key(s): m for s, m in lat.items()})
         self.space_of = {_key(s): s for s in lat}
         # Heads whose inner maps were aligned for their current assignment.
@@ -116,6 +113,8 @@ class Latents(torch.nn.Module):
                                only=head_tensors(spec))
         self.aligned_for = {u: init.elements[u].perm.clone() for u in self.problem.inner_of
                             if u in init.elements}
+        if not any(True for _ in self.parameters()):
+            raise GlmcError("nothing to learn: the spec has no permutation or residual space")
 
     def __getitem__(self, space: str) -> torch.nn.Module:
         return self.latents[_key(space)]
@@ -124,11 +123,7 @@ class Latents(torch.nn.Module):
         """Differentiable elements (for the path)."""
         els = dict(self.fixed)
         for key, lat in self.latents.items():
-            s = self.space_of[key]
-            if isinstance(lat, BlockLatent):
-                els[s] = BlockMatrix(lat.blocks(), orthogonal=lat.kind != "invertible")
-            else:
-                els[s] = Matrix(lat.matrix(), orthogonal=True)
+            els[self.space_of[key]] = lat()
         return els
 
     def hard(self) -> dict[str, Element]:
@@ -284,6 +279,16 @@ class _Run:
     #: What else defines the run (inner maps, fixed all-ones direction): a resume must match.
     setup: dict = field(default_factory=dict)
 
+    @classmethod
+    def start(cls, latents: Latents, init: Transform, opts: LearnedMatchingOptions,
+              setup: dict) -> _Run:
+        """A fresh run: AdamW with warm-up and cosine decay, the start as the best so far."""
+        optim = _optimiser(latents, opts)
+        return cls(latents, optim, torch.optim.lr_scheduler.LambdaLR(optim, _schedule(opts)),
+                   torch.Generator().manual_seed(opts.seed),
+                   torch.Generator().manual_seed(opts.seed + 1), latents.snapshot(),
+                   LearnedResult(transform=init), setup=setup)
+
     def save(self, path: Path, opts: LearnedMatchingOptions) -> None:
         from glmc.io.atomic import atomic_path
 
@@ -296,8 +301,12 @@ class _Run:
         with atomic_path(path) as tmp:
             torch.save(payload, tmp)
 
-    def resume(self, st: dict, where: str) -> None:
-        self.latents.restore(st["latents"], where)
+    def resume(self, ckpt: Path | None, opts: LearnedMatchingOptions) -> bool:
+        """Continue from rank 0's checkpoint ``ckpt`` if ``opts`` ask to and it exists."""
+        st = _read_checkpoint(ckpt, opts, self.setup)
+        if st is None:
+            return False
+        self.latents.restore(st["latents"], str(ckpt))
         self.optim.load_state_dict(st["optim"])
         self.sched.load_state_dict(st["sched"])
         self.data_gen.set_state(st["data_gen"])
@@ -306,6 +315,20 @@ class _Run:
         r = self.result
         r.start_val, r.best_val, r.best_step = st["start_val"], st["best_val"], st["best_step"]
         r.log = st["log"]
+        return True
+
+
+def _optimiser(latents: Latents, opts: LearnedMatchingOptions) -> torch.optim.Optimizer:
+    """AdamW; the permutations' latents at ``perm_lr_scale`` of the learning rate."""
+    perms = [p for m in latents.latents.values() if isinstance(m, PermutationLatent)
+             for p in m.parameters()]
+    others = [p for p in latents.parameters() if all(p is not q for q in perms)]
+    # The scale holds permutations near their start while continuous maps adapt; with
+    # nothing continuous to learn (the permutation-only ablation) it would only slow them.
+    groups = [{"params": others, "lr": opts.lr},
+              {"params": perms, "lr": opts.lr * (opts.perm_lr_scale if others else 1.0)}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=opts.lr,
+                             weight_decay=opts.weight_decay)
 
 
 def _read_checkpoint(ckpt: Path | None, opts: LearnedMatchingOptions, setup: dict
@@ -355,61 +378,75 @@ def learned_matching(
     """
     opts = opts or LearnedMatchingOptions()
     inner = inner or default_inner(opts.residual)
-    rank, world = distributed.rank(), distributed.world_size()
+    _check(opts)
+    latents = Latents(a, b, init, opts.residual, inner, fix_ones)
+    path = PathModel(a, b, latents, getattr(torch, opts.dtype))
+    context = opts.context or a.task.context(a.config)
+    val_batches = _validation_batches(data, opts, context)
+    run = _Run.start(latents, init, opts, setup={"inner": inner, "fix_ones": fix_ones})
+    ckpt = Path(opts.checkpoint) if opts.checkpoint else None
+    resumed = run.resume(ckpt, opts)
+    _evaluate_start(run, path, val_batches, opts, resumed)
+    batches = data.batches("train", opts.batch_size, context, generator=run.data_gen)
+    t0 = time.perf_counter()
+    _train(run, path, batches, val_batches, opts, ckpt, progress)
+    latents.restore(run.best)
+    result = run.result
+    result.transform = latents.transform()
+    result.steps, result.seconds = len(result.log), time.perf_counter() - t0
+    result.distance = distance(init, result.transform)
+    return result
+
+
+def _check(opts: LearnedMatchingOptions) -> None:
+    """What the options cannot check alone: the batch splits over the processes."""
+    world = distributed.world_size()
     if opts.batch_size % world:
         raise GlmcError(f"batch size {opts.batch_size} does not split over {world} processes")
     if opts.dtype not in ("float32", "float64"):
         raise GlmcError(f"dtype must be float32 or float64, got {opts.dtype!r}")
-    sample_lam = _lambda_sampler(opts.lam)
-    latents = Latents(a, b, init, opts.residual, inner, fix_ones)
-    params = list(latents.parameters())
-    if not params:
-        raise GlmcError("nothing to learn: the spec has no permutation or residual space")
-    path = PathModel(a, b, latents, getattr(torch, opts.dtype))
-    context = opts.context or a.task.context(a.config)
-    val_batches = _take(data.eval_batches("val", opts.batch_size, context), opts.eval_batches)
-    if not val_batches:
+
+
+def _validation_batches(data, opts: LearnedMatchingOptions, context: int | None) -> list:
+    """The fixed validation batches (``opts.eval_batches`` of them)."""
+    batches = _take(data.eval_batches("val", opts.batch_size, context), opts.eval_batches)
+    if not batches:
         raise GlmcError(f"dataset '{data.name}': the validation split is too small for one "
                         f"batch (context {context})")
-    perms = [p for m in latents.latents.values() if isinstance(m, PermutationLatent)
-             for p in m.parameters()]
-    others = [p for p in params if all(p is not q for q in perms)]
-    # The scale holds permutations near their start while continuous maps adapt; with
-    # nothing continuous to learn (the permutation-only ablation) it would only slow them.
-    groups = [{"params": others, "lr": opts.lr},
-              {"params": perms, "lr": opts.lr * (opts.perm_lr_scale if others else 1.0)}]
-    optim = torch.optim.AdamW([g for g in groups if g["params"]], lr=opts.lr,
-                              weight_decay=opts.weight_decay)
-    run = _Run(latents, optim, torch.optim.lr_scheduler.LambdaLR(optim, _schedule(opts)),
-               torch.Generator().manual_seed(opts.seed),
-               torch.Generator().manual_seed(opts.seed + 1), latents.snapshot(),
-               LearnedResult(transform=init), setup={"inner": inner, "fix_ones": fix_ones})
-    ckpt = Path(opts.checkpoint) if opts.checkpoint else None
-    st = _read_checkpoint(ckpt, opts, run.setup)
-    if st is not None:
-        run.resume(st, str(ckpt))
+    return batches
+
+
+def _evaluate_start(run: _Run, path: PathModel, batches: list, opts: LearnedMatchingOptions,
+                    resumed: bool) -> None:
+    """The baseline (the endpoints' losses, interpolated linearly) and, unless resumed, the
+    start's loss: the best so far, so the result is never worse than weight matching."""
     result = run.result
     with torch.no_grad():  # π(B) computes B's function, so λ = 0 needs no latent
-        ends = {lam: path.evaluate(val_batches, (lam,)) for lam in (0.0, 1.0)}
-        if st is None:  # the start is the best so far: never worse than weight matching
-            result.start_val = result.best_val = path.evaluate(val_batches, opts.eval_lambdas)
+        ends = {lam: path.evaluate(batches, (lam,)) for lam in (0.0, 1.0)}
+        if not resumed:
+            result.start_val = result.best_val = path.evaluate(batches, opts.eval_lambdas)
     result.baseline_val = sum(lam * ends[1.0] + (1 - lam) * ends[0.0]
                               for lam in opts.eval_lambdas) / len(opts.eval_lambdas)
-    batches = data.batches("train", opts.batch_size, context, generator=run.data_gen)
-    t0 = time.perf_counter()
-    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
-    try:
+
+
+def _train(run: _Run, path: PathModel, batches: Iterator, val_batches: list,
+           opts: LearnedMatchingOptions, ckpt: Path | None, progress) -> None:
+    """Steps until ``opts.steps`` (or ``opts.patience`` evaluations without a better one),
+    validating every ``opts.eval_every``; rank 0 reports and writes the checkpoints."""
+    sample_lam = _lambda_sampler(opts.lam)
+    rank = distributed.rank()
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         while run.step < opts.steps:
             row = _train_step(run, path, next(batches), sample_lam(run.lam_gen), opts, pool,
                               ckpt)
             last = run.step == opts.steps
             if run.step % opts.eval_every == 0 or last:
                 row["val"] = _validate(run, path, val_batches, opts, pool)
-            result.log.append(row)
+            run.result.log.append(row)
             if progress is not None and rank == 0:
                 val = row.get("val")
                 progress(run.step, row["loss"],
-                         None if val is None else val - result.baseline_val)
+                         None if val is None else val - run.result.baseline_val)
             stop = bool(opts.patience) and run.bad >= opts.patience
             if ckpt is not None and rank == 0 and (
                     (opts.checkpoint_every and run.step % opts.checkpoint_every == 0)
@@ -417,14 +454,6 @@ def learned_matching(
                 run.save(ckpt, opts)
             if stop:
                 break
-    finally:
-        pool.shutdown()
-    latents.restore(run.best)
-    result.transform = latents.transform()
-    result.steps = len(result.log)
-    result.seconds = time.perf_counter() - t0
-    result.distance = distance(init, result.transform)
-    return result
 
 
 def _train_step(run: _Run, path: PathModel, batch: tuple, lam: float,

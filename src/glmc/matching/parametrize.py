@@ -1,4 +1,6 @@
-"""Differentiable latents for learned matching: one per space, each giving a group element.
+"""Differentiable latents for learned matching: one per space, each giving a group element
+(its group builds it: ``Group.latent``). Calling a latent gives the differentiable element
+(for the path), ``element()`` the hard one.
 
 - permutation (MLP units, heads): the forward pass uses the hard assignment of the latent
   Z (Hungarian on it), the backward pass is straight-through: P = P_hard + Z − stopgrad(Z).
@@ -23,7 +25,23 @@ from glmc.matching.solvers import assignment
 from glmc.symmetry.groups import BlockMatrix, Element, Matrix, Permutation
 
 
-class PermutationLatent(torch.nn.Module):
+class Latent(torch.nn.Module):
+    """A latent: called, the differentiable element; ``element()``, the hard one."""
+
+    def project(self) -> None:
+        """Make the hard element follow the latent (permutations: a new assignment)."""
+
+    def matrix(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self) -> Element:
+        return Matrix(self.matrix(), orthogonal=True)
+
+    def element(self) -> Element:
+        raise NotImplementedError
+
+
+class PermutationLatent(Latent):
     """Latent (n, n) for a permutation of n blocks of size ``block``."""
 
     def __init__(self, init: Permutation) -> None:
@@ -53,7 +71,7 @@ class PermutationLatent(torch.nn.Module):
         return Permutation(self.perm.clone(), self.block)
 
 
-class OrthogonalLatent(torch.nn.Module):
+class OrthogonalLatent(Latent):
     """O = O₀·cayley(A): exactly orthogonal, O₀ at the start."""
 
     def __init__(self, init: Element, fix_ones: bool) -> None:
@@ -66,9 +84,6 @@ class OrthogonalLatent(torch.nn.Module):
         if fix_ones:
             c = c - 1.0 / d
         self.register_buffer("c", c)
-
-    def project(self) -> None:
-        pass
 
     def matrix(self) -> torch.Tensor:
         return self.o0 @ cayley(self.c @ ((self.w - self.w.T) / 2) @ self.c)
@@ -84,7 +99,7 @@ def cayley(a: torch.Tensor) -> torch.Tensor:
     return torch.linalg.solve(eye + a, eye - a)
 
 
-class BlockLatent(torch.nn.Module):
+class BlockLatent(Latent):
     """Inner maps of the heads (H, k, k): M₀·(I + W) ("invertible"), M₀·cayley(W)
     ("orthogonal"), or M₀ itself ("fixed")."""
 
@@ -101,15 +116,15 @@ class BlockLatent(torch.nn.Module):
         else:
             self.w = torch.nn.Parameter(w)
 
-    def project(self) -> None:
-        pass
-
     def blocks(self) -> torch.Tensor:
         if self.kind == "fixed":
             return self.m0
         if self.kind == "orthogonal":
             return self.m0 @ cayley((self.w - self.w.mT) / 2)
         return self.m0 + self.m0 @ self.w
+
+    def forward(self) -> Element:
+        return BlockMatrix(self.blocks(), orthogonal=self.kind != "invertible")
 
     def reset(self, init: BlockMatrix) -> None:
         """Start afresh from ``init`` (the heads were reassigned)."""

@@ -22,14 +22,15 @@ from glmc.errors import GlmcError
 from glmc.matching.options import WEIGHTINGS, WeightMatchingOptions
 from glmc.matching.solvers import assignment, balancing_map, polar
 from glmc.model import CanonicalModel
-from glmc.symmetry.groups import BlockMatrix, Element, Permutation
+from glmc.symmetry.groups import BlockMatrix, Element, Group, PermutationGroup
 from glmc.symmetry.spec import SymmetrySpec
 from glmc.symmetry.transform import apply_axes, nested_pairs
 
 StateDict = dict[str, torch.Tensor]
 
-__all__ = ["WEIGHTINGS", "Problem", "WeightMatchingOptions", "check_pair", "cross",
-           "propose_heads", "propose_permutation"]
+__all__ = ["UNIT_STEPS", "WEIGHTINGS", "Problem", "WeightMatchingOptions", "check_pair",
+           "cross", "propose_heads", "propose_permutation", "propose_unit"]
+
 
 def check_pair(a: CanonicalModel, b: CanonicalModel, where: str = "") -> None:
     """Same parameters with the same shapes, all finite (clear errors otherwise).
@@ -162,11 +163,16 @@ class Problem:
         if len(self.residual) > 1:  # the residual step solves one stream
             raise GlmcError(f"the spec has {len(self.residual)} residual spaces; weight "
                             "matching supports one")
+        #: The residual space the descent solves (None: residual "none"; see ``solve_stream``)
+        self.stream = self.residual[0] if self.residual and opts.residual != "none" else None
+        # Every other space is a unit with a step of its own (by its group, ``UNIT_STEPS``) or
+        # is solved with the unit it is nested in (the heads' inner maps).
         self.units = [s for s, g in spec.spaces.items()
-                      if g.kind == "permutation" and s not in self.residual]
-        for s in spec.spaces:
-            if spec.spaces[s].kind == "block_invertible" and s not in inner_spaces:
-                raise GlmcError(f"space {s}: a free invertible space is not supported")
+                      if type(g) in UNIT_STEPS and s not in self.residual]
+        for s, g in spec.spaces.items():
+            if s not in self.units and s not in self.residual and s not in inner_spaces:
+                raise GlmcError(f"space {s}: weight matching has no step for a free {g.kind} "
+                                "space")
         # Units that share no tensor are independent given the residual map (transformers:
         # every unit meets only the residual stream); chained ones (an MLP's hidden layers)
         # must be solved one after another.
@@ -216,6 +222,17 @@ class Problem:
         use = {k: e for k, e in elements.items() if k not in exclude}
         return {n: apply_axes(self.B[n], self.spec.axes[n], use)
                 for n in (names if names is not None else self.spec.axes)}
+
+    def stream_group(self) -> Group:
+        """The group the residual map is sought in: the stream's own, or its permutations
+        (the permutation-only ablation)."""
+        group = self.spec.spaces[self.stream]
+        return group.permutations() if self.opts.residual == "permutation" else group
+
+    def solve_stream(self, m: torch.Tensor, current: Element | None = None) -> Element:
+        """The residual map maximising ⟨T, m⟩ (Procrustes, or an assignment)."""
+        return self.stream_group().solve(m, current, fix_ones=bool(self.opts.fix_ones),
+                                         dtype=self.dtype)
 
     # -- what the units' costs read -------------------------------------------------------
     def raw(self, name: str) -> float:
@@ -284,32 +301,25 @@ def cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict,
     return cross_sum(pairs, scales)
 
 
-def current_perm(el: dict[str, Element], space: str) -> torch.Tensor | None:
-    """The current permutation of ``space`` (a warm start for the assignment), if any."""
-    cur = el[space]
-    return cur.perm if isinstance(cur, Permutation) else None
-
-
 @dataclass
 class Proposal:
-    """One unit's step: an assignment problem, and how its solution becomes elements."""
+    """One unit's step: a cost over its group (maximised by ``Group.solve``), and how the
+    solution becomes elements (the unit's own, and those of the spaces nested in it)."""
 
     cost: torch.Tensor | None  # (n, n), maximised; dropped once solved
-    current: torch.Tensor | None
-    finish: Callable[[torch.Tensor], dict[str, Element]]
+    finish: Callable[[Element], dict[str, Element]]
 
 
 def propose_permutation(prob: Problem, space: str, el: dict[str, Element],
                         bt: StateDict) -> Proposal:
     """Units assigned by the angle between their vectors (or by the squared distance)."""
-    block = prob.spec.spaces[space].block
     if prob.opts.unit_cost == "distance":
         cost = cross(prob, space, el, bt)
     else:  # −‖â_i − b̂_j‖ = −√(2 − 2 cos), from the unweighted cross-correlation
         na, nb = prob.unit_norms(space)
         cos = cross(prob, space, el, bt, unweighted=True).double() / (na[:, None] * nb[None])
         cost = cos.mul_(-2).add_(2).clamp_(min=0).sqrt_().neg_()
-    return Proposal(cost, current_perm(el, space), lambda perm: {space: Permutation(perm, block)})
+    return Proposal(cost, lambda perm: {space: perm})
 
 
 @dataclass
@@ -361,13 +371,13 @@ def head_costs(prob: Problem, bd: Bundle, bt: StateDict) -> HeadCosts:
 def propose_heads(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> Proposal:
     """Heads assigned by what is left after aligning each pair's inner bases; then the
     matched heads' inner maps."""
-    k = prob.spec.spaces[space].block
     bundles = [bd for bd in prob.bundles if bd.space in prob.inner_of[space]]
     costs = {bd.space: head_costs(prob, bd, bt) for bd in bundles}
     total = -sum(c.dist for c in costs.values())
 
-    def finish(sigma: torch.Tensor) -> dict[str, Element]:
-        out: dict[str, Element] = {space: Permutation(sigma, k)}
+    def finish(heads: Element) -> dict[str, Element]:
+        sigma = heads.perm  # type: ignore[attr-defined]
+        out: dict[str, Element] = {space: heads}
         inv = torch.argsort(sigma)  # B's head j goes to A's head inv[j]
         j = torch.arange(sigma.numel())
         for name, c in costs.items():
@@ -375,7 +385,21 @@ def propose_heads(prob: Problem, space: str, el: dict[str, Element], bt: StateDi
             out[name] = BlockMatrix(blocks.contiguous(), orthogonal=prob.opts.inner != "invertible")
         return out
 
-    return Proposal(total, current_perm(el, space), finish)
+    return Proposal(total, finish)
+
+
+def propose_unit(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> Proposal:
+    """A permutation's step: its units assigned by their vectors, or, where its blocks carry
+    inner spaces (heads in head form), by what is left after aligning each pair's inner
+    maps."""
+    propose = propose_heads if prob.inner_of.get(space) else propose_permutation
+    return propose(prob, space, el, bt)
+
+
+#: Weight matching's step for a unit, by the unit's group: the cost of its ``Group.solve``.
+#: (A space whose group has none is the residual stream, or is nested in a unit.)
+UNIT_STEPS: dict[type[Group], Callable[[Problem, str, dict[str, Element], StateDict],
+                                      Proposal]] = {PermutationGroup: propose_unit}
 
 
 def relative(distance: float, scale: float) -> float:

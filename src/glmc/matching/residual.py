@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 
-from glmc.matching.problem import Problem, StateDict, axis_first, current_perm
-from glmc.matching.solvers import assignment, procrustes
+from glmc.matching.problem import Problem, StateDict, axis_first
 from glmc.symmetry.groups import Element, Matrix, Permutation, ones_complement_basis
 from glmc.symmetry.transform import apply_axes
 
@@ -24,13 +24,14 @@ def residual_cross(prob: Problem, space: str, bt: StateDict) -> torch.Tensor:
 
 def spectral_init(prob: Problem, space: str, solo: torch.Tensor) -> Element:
     """Residual map from invariants: T·G_B·Tᵀ = G_A for the Gram matrices of every tensor
-    whose other axes carry only permutation/orthogonal spaces; the eigenvector signs come
-    from ``solo`` = Σ A·Bᵀ over the tensors that only the residual space touches."""
+    whose other axes carry only isometric spaces (permutations, orthogonal maps: they leave
+    the Gram matrices alone); the eigenvector signs come from ``solo`` = Σ A·Bᵀ over the
+    tensors that only the residual space touches."""
     spec = prob.spec
     ga = gb = None
     for n, axis, _ in spec.occurrences(space):
         others = spec.spaces_of(n) - {space}
-        if any(spec.spaces[s].kind == "block_invertible" for s in others):
+        if not all(spec.spaces[s].isometric for s in others):
             continue
         a, b = axis_first(prob.A[n], axis), axis_first(prob.B[n], axis)
         ga = a @ a.T if ga is None else ga + a @ a.T
@@ -47,8 +48,8 @@ def spectral_init(prob: Problem, space: str, solo: torch.Tensor) -> Element:
     t = q @ (ua * signs) @ ub.T @ q.T
     if prob.opts.fix_ones:
         t = t + torch.full((d, d), 1.0 / d, dtype=torch.float64)
-    if prob.opts.residual == "permutation":
-        return Permutation(assignment(t))
+    if prob.opts.residual == "permutation":  # (the nearest permutation)
+        return prob.solve_stream(t)
     return Matrix(t.to(prob.A[next(iter(prob.A))].dtype), True)
 
 
@@ -135,10 +136,7 @@ class ResidualCache:
         if self.direct:  # (quadratic terms are linearised at T)
             c = residual_cross(self.prob, self.space, {n: self.bt_all[n] for n in self.direct})
             m = m + c @ el[self.space].matrix(torch.float64)
-        if self.prob.opts.residual == "permutation":
-            return Permutation(assignment(m, current_perm(el, self.space)))
-        return Matrix(procrustes(m, self.prob.opts.fix_ones).to(self.prob.dtype),
-                      orthogonal=True)
+        return self.prob.solve_stream(m, el[self.space])
 
     def terms(self, t: Element, el: dict[str, Element]) -> tuple[dict[str, float], StateDict]:
         """The distance terms under residual map ``t`` and the fresh tensors moved to it."""
@@ -173,3 +171,25 @@ def solo_cross(prob: Problem, space: str, names: list[str]) -> torch.Tensor:
             for j in range(0, a.shape[1], 2048):
                 m += (a[:, j:j + 2048] @ b[:, j:j + 2048].T).double()
     return m
+
+
+@dataclass
+class Solo:
+    """The tensors only the residual space touches (embedding tables, the head, biases): they
+    enter through one constant cross-correlation ``const`` = Σ A·Bᵀ, their term is
+    Σ(‖A‖² + ‖B‖²) − 2⟨T, const⟩, and they are never moved."""
+
+    names: list[str]
+    const: torch.Tensor
+    sq: float
+
+    @classmethod
+    def of(cls, prob: Problem, space: str) -> Solo:
+        spec = prob.spec
+        names = [n for n, _, _ in spec.occurrences(space) if spec.spaces_of(n) == {space}]
+        sq = sum(prob.sq_a[n] + prob.sq_b[n] for n in names)
+        return cls(names, solo_cross(prob, space, names), sq)
+
+    def term(self, t: Element) -> float:
+        """Their distance term under the residual map ``t``."""
+        return self.sq - 2 * float((t.matrix(torch.float64) * self.const).sum())

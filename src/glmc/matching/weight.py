@@ -3,11 +3,13 @@
 D is the distance of what the merge interpolates (see ``problem``). Generic over the spec.
 Units of the descent:
 
-- the residual space (group "orthogonal"): orthogonal Procrustes, the exact minimiser of D
-  given the others; an assignment for the permutation-only ablation;
-- every plain permutation space (MLP units, heads in circuit form): a linear assignment by the
+- the residual space (role "residual"): the step of its group (``Group.solve``), for the
+  orthogonal group a Procrustes, the exact minimiser of D given the others; an assignment
+  in its permutations for the permutation-only ablation;
+- every other space with a step of its own (``problem.UNIT_STEPS``, by its group): for a
+  plain permutation space (MLP units, heads in circuit form), a linear assignment by the
   angle between the units' weight vectors (scale-free; see ``WeightMatchingOptions.unit_cost``);
-- every block permutation with nested inner spaces (heads in head form): for every pair of
+  for a block permutation with nested inner spaces (heads in head form): for every pair of
   heads, the inner map that best aligns them (balanced factors, then Procrustes; or a
   permutation of the head dimensions) and the distance it leaves; an assignment over heads.
 
@@ -16,6 +18,8 @@ given the residual map they are independent: one iteration solves all of them (s
 once, one per core), then the residual map. Units that share a tensor (chained layers) are
 solved one after another, each given the steps before it. The trace records D after every
 iteration. The units' steps live in ``problem``, the residual map's in ``residual``.
+``weight_matching`` is the loop: ``Descent`` holds its state and takes the steps, ``Sweeps``
+says which units are due and when the run has converged, ``Workers`` solves the units.
 """
 
 from __future__ import annotations
@@ -29,19 +33,18 @@ from dataclasses import dataclass, replace
 import torch
 
 from glmc.matching.problem import (
+    UNIT_STEPS,
     Problem,
     StateDict,
     WeightMatchingOptions,
     check_pair,
     head_tensors,
     propose_heads,
-    propose_permutation,
     relative,
 )
-from glmc.matching.residual import ResidualCache, solo_cross, spectral_init
-from glmc.matching.solvers import assignment, procrustes
+from glmc.matching.residual import ResidualCache, Solo, spectral_init
 from glmc.model import CanonicalModel
-from glmc.symmetry.groups import Element, Matrix, Permutation
+from glmc.symmetry.groups import Element
 from glmc.symmetry.transform import Transform, apply_axes, unapply_axes
 
 __all__ = ["MatchResult", "WeightMatchingOptions", "centred_pair", "check_pair",
@@ -91,7 +94,7 @@ def inner_maps(prob: Problem, unit: str, el: dict[str, Element]) -> dict[str, El
     names = sorted({n for s in mine for n, _, _ in spec.occurrences(s)})
     others = {k: e for k, e in el.items() if k not in mine}
     bt = {n: apply_axes(prob.B[n], spec.axes[n], others) for n in names}
-    return propose_heads(prob, unit, el, bt).finish(el[unit].perm)
+    return propose_heads(prob, unit, el, bt).finish(el[unit])
 
 
 def realign_inner(a: CanonicalModel, b: CanonicalModel, transform: Transform,
@@ -107,14 +110,14 @@ def realign_inner(a: CanonicalModel, b: CanonicalModel, transform: Transform,
     return Transform(el)
 
 
-def cache_free_solve(prob: Problem, res: str, m: torch.Tensor) -> Element:
-    """The residual map maximising ⟨T, m⟩ (Procrustes, or an assignment)."""
-    if prob.opts.residual == "permutation":
-        return Permutation(assignment(m))
-    return Matrix(procrustes(m, prob.opts.fix_ones).to(prob.dtype), orthogonal=True)
-
-
-# -- the loop -------------------------------------------------------------------------------
+def residual_start(prob: Problem, solo: Solo, dtype: torch.dtype) -> Element:
+    """The residual map's start (``opts.init``): the Gram eigenbases matched ("spectral"), the
+    best map for the tensors only the stream touches ("embeddings"), or the identity."""
+    if prob.opts.init == "spectral":
+        return spectral_init(prob, prob.stream, solo.const)
+    if prob.opts.init == "embeddings":
+        return prob.solve_stream(solo.const)
+    return prob.stream_group().identity(dtype)
 
 
 @dataclass
@@ -124,6 +127,7 @@ class UnitStep:
 
     unit: str
     names: list[str]
+    same: bool  # the unit's assignment did not change
     new: dict[str, Element]
     moved: StateDict
     terms: dict[str, float]
@@ -143,17 +147,18 @@ def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
     if cache is not None:
         cache.refresh(names, el)
     bt = {n: unapply_axes(bt_all[n], spec.axes[n], {k: el[k] for k in mine}) for n in names}
-    propose = propose_heads if prob.inner_of.get(unit) else propose_permutation
-    prop = propose(prob, unit, el, bt)
-    perm = assignment(prop.cost, prop.current)
+    group = spec.spaces[unit]
+    prop = UNIT_STEPS[type(group)](prob, unit, el, bt)
+    solution = group.solve(prop.cost, el[unit])
     prop.cost = None  # (n x n: freed before the tensors are moved)
-    new = prop.finish(perm)
+    new = prop.finish(solution)
     moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
     terms = prob.terms(moved, prob.term_names(unit))
+    same = torch.equal(new[unit].perm, el[unit].perm)  # type: ignore[attr-defined]
     cross = {}
-    if cache is not None and not torch.equal(new[unit].perm, el[unit].perm):
+    if cache is not None and not same:
         cross = cache.permuted(moved, unit, el[unit], new[unit])
-    return UnitStep(unit, names, new, moved, terms, cross, time.perf_counter() - t0)
+    return UnitStep(unit, names, same, new, moved, terms, cross, time.perf_counter() - t0)
 
 
 def solved_in_order(pool: ThreadPoolExecutor, depth: int, prob: Problem,
@@ -185,6 +190,138 @@ def unit_workers(prob: Problem, threads: int) -> tuple[int, int]:
     return workers, workers + 1
 
 
+class Workers:
+    """The pool that solves units: several at once, one per core, each single-threaded (an
+    assignment is single-threaded anyway, and one product per core uses the cores as well
+    as one product on all of them). A context manager; it restores the thread count."""
+
+    def __init__(self, prob: Problem) -> None:
+        self.threads = torch.get_num_threads()
+        workers, self.depth = unit_workers(prob, self.threads)
+        self.pool = ThreadPoolExecutor(max_workers=workers, initializer=torch.set_num_threads,
+                                       initargs=(1,))
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.pool.shutdown(cancel_futures=True)
+        # (a worker's set_num_threads also sets the default of threads started later)
+        torch.set_num_threads(self.threads)
+
+
+class Sweeps:
+    """Which units an iteration solves, and when the descent has converged.
+
+    Permutations settle after a few iterations while the residual map keeps improving: a
+    unit whose assignment did not change is solved again only every third iteration. The run
+    ends only after a full sweep (every unit solved) that changed almost nothing.
+    """
+
+    def __init__(self, units: list[str], tol: float) -> None:
+        self.units, self.tol = units, tol
+        self.quiet = dict.fromkeys(units, 0)  # iteration (1-based) since a unit is unchanged
+
+    def due(self, it: int) -> list[str]:
+        return [u for u in self.units
+                if self.quiet[u] == 0 or (it + 1 - self.quiet[u]) % 3 == 0]
+
+    def solved(self, unit: str, same: bool, it: int) -> None:
+        self.quiet[unit] = (self.quiet[unit] or it + 1) if same else 0
+
+    def converged(self, start: float, row: dict) -> bool:
+        """Whether the iteration of trace ``row``, which started at distance ``start``, ends
+        the run (a small step after a partial sweep asks for a full one)."""
+        if start - row["distance"] <= self.tol * abs(start):
+            if row["units_solved"] == len(self.units) and row["units_changed"] == 0:
+                return True
+            self.quiet = dict.fromkeys(self.units, 0)
+        return False
+
+
+@dataclass
+class Descent:
+    """The descent's state: every element, B moved to them (``bt_all``; the residual cache
+    may let it lag), the distance's terms, and what the residual step reads."""
+
+    prob: Problem
+    el: dict[str, Element]
+    bt_all: StateDict
+    terms: dict[str, float]
+    cache: ResidualCache | None
+    solo: Solo | None
+    init_distance: float = 0.0
+    scale: float = 0.0
+
+    @classmethod
+    def start(cls, prob: Problem, dtype: torch.dtype) -> Descent:
+        """Every element the identity, but the residual map at its start; the tensors only
+        the stream touches are folded into one constant (and their copies released)."""
+        el: dict[str, Element] = {s: g.identity(dtype) for s, g in prob.spec.spaces.items()}
+        solo = Solo.of(prob, prob.stream) if prob.stream is not None else None
+        if solo is not None:
+            el[prob.stream] = residual_start(prob, solo, dtype)
+        fixed = solo.names if solo is not None else []
+        bt_all = prob.apply(el, set(), [n for n in prob.spec.axes if n not in fixed])
+        cache = None if solo is None else ResidualCache(prob, prob.stream, el[prob.stream],
+                                                        bt_all)
+        terms = prob.terms(bt_all)
+        if solo is not None:
+            terms["<solo>"] = solo.term(el[prob.stream])
+        prob.release(fixed)  # (their term is ⟨T, const⟩ from here on)
+        d = cls(prob, el, bt_all, terms, cache, solo, scale=prob.scale())
+        d.init_distance = d.distance()
+        return d
+
+    def distance(self) -> float:
+        return sum(self.terms.values())
+
+    def transform(self) -> Transform:
+        return Transform(dict(self.el))
+
+    def iterate(self, it: int, due: list[str], workers: Workers, sweeps: Sweeps) -> dict:
+        """One iteration: every due unit given the others, then the residual map given them
+        all. Returns the trace's row."""
+        cpu: dict[str, float] = defaultdict(float)  # worker seconds per kind of unit
+        changed, t0 = 0, time.perf_counter()
+        for step in solved_in_order(workers.pool, workers.depth, self.prob, self.cache, due,
+                                    self.el, self.bt_all):
+            self.take(step)
+            changed += not step.same
+            sweeps.solved(step.unit, step.same, it)
+            cpu[self.prob.spec.roles.get(step.unit, "permutation")] += step.seconds
+        wall = {"units": time.perf_counter() - t0}  # wall seconds per phase
+        if self.cache is not None:
+            t0 = time.perf_counter()
+            self.step_residual()
+            wall["residual"] = time.perf_counter() - t0
+        distance = self.distance()
+        return {"iteration": it + 1, "distance": distance,
+                "relative": relative(distance, self.scale),
+                "units_solved": len(due), "units_changed": changed,
+                "seconds": {k: round(v, 4) for k, v in wall.items()},
+                "unit_seconds": {k: round(v, 4) for k, v in cpu.items()}}
+
+    def take(self, step: UnitStep) -> None:
+        """Take a unit's step (its inner maps may move when its assignment does not)."""
+        self.el.update(step.new)
+        self.bt_all.update(step.moved)
+        self.terms.update(step.terms)
+        if not step.same and self.cache is not None:
+            self.cache.cross.update(step.cross)
+
+    def step_residual(self) -> None:
+        """The residual map given all the others: D's exact minimiser (linearised where it
+        acts twice on a tensor, as on circuit-form attention)."""
+        assert self.cache is not None and self.solo is not None
+        new = self.cache.solve(self.el, self.solo.const)
+        terms, moved = self.cache.terms(new, self.el)  # (moves the fresh tensors)
+        terms["<solo>"] = self.solo.term(new)
+        self.el[self.prob.stream] = new
+        self.terms.update(terms)
+        self.cache.moved(moved, new)
+
+
 def weight_matching(
     a: CanonicalModel,
     b: CanonicalModel,
@@ -204,103 +341,22 @@ def weight_matching(
     check_pair(a, b, where)
     if opts.fix_ones is None:
         opts = replace(opts, fix_ones=centred_pair(a, b))
-    prob = Problem(a, b, opts)
-    spec = prob.spec
-    el: dict[str, Element] = {s: g.identity(a.dtype) for s, g in spec.spaces.items()}
-    res = prob.residual[0] if prob.residual and opts.residual != "none" else None
-    solo: list[str] = []
-    if res is not None:
-        if opts.residual == "permutation":
-            el[res] = Permutation(torch.arange(spec.spaces[res].size))
-        # Tensors only the residual space touches (embedding tables, the head, biases) enter
-        # through one constant cross-correlation: their term is ⟨T, A·Bᵀ⟩, never re-applied.
-        solo = [n for n, _, _ in spec.occurrences(res) if spec.spaces_of(n) == {res}]
-        const = solo_cross(prob, res, solo)
-        solo_sq = sum(prob.sq_a[n] + prob.sq_b[n] for n in solo)
-        if opts.init == "spectral":
-            el[res] = spectral_init(prob, res, const)
-        elif opts.init == "embeddings":  # the tables (and biases) only the stream touches
-            el[res] = cache_free_solve(prob, res, const)
-
-        def solo_term(t: Element) -> float:
-            return solo_sq - 2 * float((t.matrix(torch.float64) * const).sum())
-
-    bt_all = prob.apply(el, set(), [n for n in spec.axes if n not in solo])
-    cache = ResidualCache(prob, res, el[res], bt_all) if res is not None else None
-    terms = prob.terms(bt_all)
-    if res is not None:
-        terms["<solo>"] = solo_term(el[res])
-    distance = init_distance = sum(terms.values())
-    scale = prob.scale()
-    prob.release(solo)  # (their term is ⟨T, const⟩ from here on)
+    descent = Descent.start(Problem(a, b, opts), a.dtype)
+    sweeps = Sweeps(descent.prob.units, opts.tol)  # (inner spaces are solved with their heads)
     trace: list[dict] = []
     converged = False
-    units = prob.units  # (the heads' inner spaces are solved with their heads)
-    # Permutations settle after a few iterations while the residual map keeps improving: a
-    # unit whose assignment did not change is solved again only every third iteration. The
-    # run ends only after a full sweep (every unit solved) that changed almost nothing.
-    quiet = dict.fromkeys(units, 0)
-    # Units are independent given the residual map, so several are solved at once, one per
-    # core, each single-threaded (an assignment is single-threaded anyway, and one product
-    # per core uses the cores as well as one product on all of them).
-    threads = torch.get_num_threads()
-    workers, depth = unit_workers(prob, threads)
-    pool = ThreadPoolExecutor(max_workers=workers, initializer=torch.set_num_threads,
-                              initargs=(1,))
     if on_iteration is not None:
-        on_iteration(0, Transform(dict(el)))
-    try:
+        on_iteration(0, descent.transform())
+    with Workers(descent.prob) as workers:
         for it in range(opts.max_iter):
-            wall: dict[str, float] = {}  # wall seconds per phase
-            cpu: dict[str, float] = defaultdict(float)  # worker seconds per kind of unit
-            start = distance
-            due = [u for u in units if quiet[u] == 0 or (it + 1 - quiet[u]) % 3 == 0]
-            full = len(due) == len(units)
-            changed = 0
-            # 1) every non-residual unit given the others (in canonical models they only meet
-            #    the residual space, so their order is irrelevant).
-            t0 = time.perf_counter()
-            for step in solved_in_order(pool, depth, prob, cache, due, el, bt_all):
-                done = step.unit
-                same = torch.equal(step.new[done].perm, el[done].perm)
-                el.update(step.new)  # (inner maps may move when the assignment does not)
-                bt_all.update(step.moved)
-                terms.update(step.terms)
-                if not same:
-                    changed += 1
-                    if cache is not None:
-                        cache.cross.update(step.cross)
-                quiet[done] = (quiet[done] or it + 1) if same else 0  # 1-based
-                cpu[spec.roles.get(done, "permutation")] += step.seconds
-            wall["units"] = time.perf_counter() - t0
-            # 2) the residual map, given all the others: D's exact minimiser (linearised where
-            #    it acts twice on a tensor, as on circuit-form attention).
-            if cache is not None:
-                t0 = time.perf_counter()
-                new_el = cache.solve(el, const)
-                new_terms, moved = cache.terms(new_el, el)  # (moves the fresh tensors)
-                new_terms["<solo>"] = solo_term(new_el)
-                el[res] = new_el
-                terms.update(new_terms)
-                cache.moved(moved, new_el)
-                wall["residual"] = time.perf_counter() - t0
-            distance = sum(terms.values())
-            trace.append({"iteration": it + 1, "distance": distance,
-                          "relative": relative(distance, scale),
-                          "units_solved": len(due), "units_changed": changed,
-                          "seconds": {k: round(v, 4) for k, v in wall.items()},
-                          "unit_seconds": {k: round(v, 4) for k, v in cpu.items()}})
+            start = descent.distance()
+            trace.append(descent.iterate(it, sweeps.due(it), workers, sweeps))
             if progress is not None:
-                progress(it + 1, relative(distance, scale))
+                progress(it + 1, trace[-1]["relative"])
             if on_iteration is not None:
-                on_iteration(it + 1, Transform(dict(el)))
-            if start - distance <= opts.tol * abs(start):
-                if full and changed == 0:
-                    converged = True
-                    break
-                quiet = dict.fromkeys(units, 0)  # confirm with a full sweep
-    finally:
-        pool.shutdown(cancel_futures=True)
-        # (a worker's set_num_threads also sets the default of threads started later)
-        torch.set_num_threads(threads)
-    return MatchResult(Transform(el), trace, converged, init_distance, scale)
+                on_iteration(it + 1, descent.transform())
+            if sweeps.converged(start, trace[-1]):
+                converged = True
+                break
+    return MatchResult(Transform(descent.el), trace, converged, descent.init_distance,
+                       descent.scale)

@@ -12,6 +12,12 @@ Every element acts on one tensor axis with a *variance*:
 
 For permutations and orthogonal maps the two coincide. Elements are immutable values:
 ``compose``, ``inverse`` and ``apply`` return new tensors.
+
+Groups are types, one per kind (``PermutationGroup``, ``OrthogonalGroup``,
+``BlockInvertibleGroup``): each knows its identity, its random elements, its step in weight
+matching (``solve``: the element maximising a linear objective) and its latent in learned
+matching (``latent``), so the matchers never ask which kind a space is. A new kind is a new
+subclass (it registers its ``kind`` for ``group_from_json``).
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
+
+from glmc.errors import GlmcError
 
 Variance = Literal["out", "in"]
 
@@ -252,33 +260,42 @@ def embed_fixing_ones(o_small: torch.Tensor) -> torch.Tensor:
     return q @ o_small @ q.T + torch.full((n, n), 1.0 / n, dtype=o_small.dtype)
 
 
+#: Every kind of group by its name (``Group.kind``): each subclass registers itself.
+GROUP_KINDS: dict[str, type[Group]] = {}
+
+
 @dataclass(frozen=True)
 class Group:
-    """The symmetry group of one space.
+    """The symmetry group of one space: ``size`` coordinates in ``size // block`` blocks.
 
-    kind:
-      - ``"permutation"``: permutations of ``size // block`` blocks (block > 1: attention heads);
-      - ``"orthogonal"``: O(size), the residual stream in canonical (RMSNorm) form;
-      - ``"block_invertible"``: GL(block)^(size // block), the inner basis of each head.
+    One subclass per kind, each with its identity, random elements, its step in weight
+    matching (``solve``) and its latent in learned matching (``latent``):
+
+    - :class:`PermutationGroup`: permutations of the blocks (block > 1: attention heads);
+    - :class:`OrthogonalGroup`: O(size), the residual stream in canonical (RMSNorm) form;
+    - :class:`BlockInvertibleGroup`: GL(block)^(size // block), the inner basis of each head.
+
+    ``group_kind(name)`` is the class of a kind's name (as saved in a spec's JSON).
     """
 
-    kind: str
     size: int
     block: int = 1
+    #: The name saved with a spec (``to_json``); ``group_kind`` finds the class by it.
+    kind: ClassVar[str] = ""
+    #: Whether its elements keep every tensor's norm (permutations and orthogonal maps do).
+    isometric: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind:
+            GROUP_KINDS[cls.kind] = cls
 
     @property
     def n_blocks(self) -> int:
         return self.size // self.block
 
     def identity(self, dtype: torch.dtype = torch.float32) -> Element:
-        if self.kind == "permutation":
-            return Permutation(torch.arange(self.n_blocks), self.block)
-        if self.kind == "orthogonal":
-            return Matrix(torch.eye(self.size, dtype=dtype), orthogonal=True)
-        if self.kind == "block_invertible":
-            eye = torch.eye(self.block, dtype=dtype).expand(self.n_blocks, -1, -1)
-            return BlockMatrix(eye.clone(), orthogonal=True)
-        raise ValueError(f"unknown group kind {self.kind!r}")
+        raise NotImplementedError
 
     def random(
         self,
@@ -287,41 +304,157 @@ class Group:
         *,
         subgroup: str | None = None,
     ) -> Element:
-        """A random element.
+        """A random element (of ``subgroup``, a name the kind defines, when given)."""
+        raise NotImplementedError
 
-        subgroup: for ``orthogonal``: ``"permutation"`` (a random permutation) or
-        ``"fix_ones"`` (orthogonal maps that fix the all-ones direction, so that a LayerNorm
-        model stays a LayerNorm model); for ``block_invertible``: ``"orthogonal"``, or
-        ``"permutation"`` (each block a permutation: the head dimensions reordered).
-        """
-        if self.kind == "block_invertible" and subgroup == "permutation":
+    def permutations(self) -> PermutationGroup:
+        """Its subgroup of permutation matrices (the permutation-only ablation)."""
+        raise NotImplementedError(f"a {self.kind} group has no permutation subgroup here")
+
+    def solve(self, m: torch.Tensor, current: Element | None = None, *, fix_ones: bool = False,
+              dtype: torch.dtype = torch.float32) -> Element:
+        """The element T maximising ⟨T, m⟩, weight matching's step (m: one row and column
+        per block, A's by B's). ``current``: the element it replaces (a warm start);
+        ``fix_ones``: among the maps that fix the all-ones direction; ``dtype``: of a dense
+        result."""
+        raise NotImplementedError(f"a {self.kind} group has no step of its own")
+
+    def latent(self, start: Element, *, space: str = "", fix_ones: bool = False,
+               inner: str = "invertible") -> torch.nn.Module | None:
+        """Learned matching's latent for this group, at ``start`` (see
+        ``glmc.matching.parametrize``); None: the element stays as it is.
+
+        fix_ones: orthogonal maps keep the all-ones direction; inner: the subgroup a head's
+        inner maps learn in ("invertible", "orthogonal" or "permutation": kept fixed).
+        space: the space's name, for messages."""
+        return None
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "size": self.size, "block": self.block}
+
+
+def group_kind(kind: str) -> type[Group]:
+    """The class of the groups of ``kind`` (e.g. "permutation")."""
+    if kind not in GROUP_KINDS:
+        raise ValueError(f"unknown group kind {kind!r} (one of {', '.join(GROUP_KINDS)})")
+    return GROUP_KINDS[kind]
+
+
+def group_from_json(d: dict) -> Group:
+    """Inverse of ``Group.to_json``."""
+    return group_kind(d["kind"])(int(d["size"]), int(d.get("block", 1)))
+
+
+class PermutationGroup(Group):
+    """Permutations of the ``n_blocks`` blocks (block > 1: attention heads, ``block`` rows
+    each)."""
+
+    kind = "permutation"
+
+    def identity(self, dtype: torch.dtype = torch.float32) -> Permutation:
+        return Permutation(torch.arange(self.n_blocks), self.block)
+
+    def random(self, generator: torch.Generator, dtype: torch.dtype = torch.float64, *,
+               subgroup: str | None = None) -> Permutation:
+        return Permutation(torch.randperm(self.n_blocks, generator=generator), self.block)
+
+    def permutations(self) -> PermutationGroup:
+        return self
+
+    def solve(self, m: torch.Tensor, current: Element | None = None, *, fix_ones: bool = False,
+              dtype: torch.dtype = torch.float32) -> Permutation:
+        """A linear assignment (skipped when ``current`` is already optimal)."""
+        from glmc.matching.solvers import assignment
+
+        warm = current.perm if isinstance(current, Permutation) else None
+        return Permutation(assignment(m, warm), self.block)
+
+    def latent(self, start: Element, *, space: str = "", fix_ones: bool = False,
+               inner: str = "invertible") -> torch.nn.Module:
+        """A real matrix, the hard assignment forward, straight-through backward."""
+        from glmc.matching.parametrize import PermutationLatent
+
+        if not isinstance(start, Permutation):
+            raise GlmcError(f"space {space}: the start is not a permutation (the "
+                            "permutation-only ablation starts from weight matching with "
+                            "residual=permutation)")
+        return PermutationLatent(start)
+
+
+class OrthogonalGroup(Group):
+    """O(size): the residual stream. Subgroups: ``"permutation"`` (its permutation matrices:
+    the permutation-only ablation) and ``"fix_ones"`` (the maps that fix the all-ones
+    direction, so that a LayerNorm model stays a LayerNorm model)."""
+
+    kind = "orthogonal"
+
+    def identity(self, dtype: torch.dtype = torch.float32) -> Matrix:
+        return Matrix(torch.eye(self.size, dtype=dtype), orthogonal=True)
+
+    def permutations(self) -> PermutationGroup:
+        return PermutationGroup(self.size)
+
+    def random(self, generator: torch.Generator, dtype: torch.dtype = torch.float64, *,
+               subgroup: str | None = None) -> Element:
+        if subgroup == "permutation":
+            return self.permutations().random(generator, dtype)
+        if subgroup == "fix_ones":
+            small = _random_orthogonal(self.size - 1, generator, torch.float64)
+            return Matrix(embed_fixing_ones(small).to(dtype), orthogonal=True)
+        return Matrix(_random_orthogonal(self.size, generator, dtype), orthogonal=True)
+
+    def solve(self, m: torch.Tensor, current: Element | None = None, *, fix_ones: bool = False,
+              dtype: torch.dtype = torch.float32) -> Matrix:
+        """Orthogonal Procrustes."""
+        from glmc.matching.solvers import procrustes
+
+        return Matrix(procrustes(m, fix_ones).to(dtype), orthogonal=True)
+
+    def latent(self, start: Element, *, space: str = "", fix_ones: bool = False,
+               inner: str = "invertible") -> torch.nn.Module:
+        """O₀·cayley(A), A skew: exactly orthogonal at every step."""
+        from glmc.matching.parametrize import OrthogonalLatent
+
+        return OrthogonalLatent(start, fix_ones)
+
+
+class BlockInvertibleGroup(Group):
+    """GL(block) on each block: the inner basis of each head. Subgroups: ``"orthogonal"``
+    and ``"permutation"`` (each block a permutation: the head dimensions reordered). Weight
+    matching solves it with the permutation of its blocks (the heads)."""
+
+    kind = "block_invertible"
+    isometric = False
+
+    def identity(self, dtype: torch.dtype = torch.float32) -> BlockMatrix:
+        eye = torch.eye(self.block, dtype=dtype).expand(self.n_blocks, -1, -1)
+        return BlockMatrix(eye.clone(), orthogonal=True)
+
+    def random(self, generator: torch.Generator, dtype: torch.dtype = torch.float64, *,
+               subgroup: str | None = None) -> BlockMatrix:
+        if subgroup == "permutation":
             eye = torch.eye(self.block, dtype=dtype)
             blocks = [eye[torch.randperm(self.block, generator=generator)]
                       for _ in range(self.n_blocks)]
             return BlockMatrix(torch.stack(blocks), orthogonal=True)
-        if self.kind == "permutation" or subgroup == "permutation":
-            n = self.n_blocks if self.kind == "permutation" else self.size
-            block = self.block if self.kind == "permutation" else 1
-            return Permutation(torch.randperm(n, generator=generator), block)
-        if self.kind == "orthogonal":
-            if subgroup == "fix_ones":
-                small = _random_orthogonal(self.size - 1, generator, torch.float64)
-                return Matrix(embed_fixing_ones(small).to(dtype), orthogonal=True)
-            return Matrix(_random_orthogonal(self.size, generator, dtype), orthogonal=True)
-        if self.kind == "block_invertible":
-            blocks = []
-            for _ in range(self.n_blocks):
-                q1 = _random_orthogonal(self.block, generator, torch.float64)
-                if subgroup == "orthogonal":
-                    blocks.append(q1)
-                    continue
-                q2 = _random_orthogonal(self.block, generator, torch.float64)
-                # Well-conditioned: singular values in [e^-0.5, e^0.5].
-                u = torch.rand(self.block, generator=generator, dtype=torch.float64)
-                s = torch.exp(u - 0.5)
-                blocks.append(q1 @ torch.diag(s) @ q2)
-            return BlockMatrix(torch.stack(blocks).to(dtype), orthogonal=subgroup == "orthogonal")
-        raise ValueError(f"unknown group kind {self.kind!r}")
+        blocks = []
+        for _ in range(self.n_blocks):
+            q1 = _random_orthogonal(self.block, generator, torch.float64)
+            if subgroup == "orthogonal":
+                blocks.append(q1)
+                continue
+            q2 = _random_orthogonal(self.block, generator, torch.float64)
+            # Well-conditioned: singular values in [e^-0.5, e^0.5].
+            u = torch.rand(self.block, generator=generator, dtype=torch.float64)
+            s = torch.exp(u - 0.5)
+            blocks.append(q1 @ torch.diag(s) @ q2)
+        return BlockMatrix(torch.stack(blocks).to(dtype), orthogonal=subgroup == "orthogonal")
 
-    def to_json(self) -> dict:
-        return {"kind": self.kind, "size": self.size, "block": self.block}
+    def latent(self, start: Element, *, space: str = "", fix_ones: bool = False,
+               inner: str = "invertible") -> torch.nn.Module | None:
+        """M₀·(I + W) per block (M₀·cayley(W) for "orthogonal"; M₀ for "permutation")."""
+        from glmc.matching.parametrize import BlockLatent
+
+        if not isinstance(start, BlockMatrix):
+            return None
+        return BlockLatent(start, "fixed" if inner == "permutation" else inner)

@@ -6,7 +6,7 @@ axis that no symmetry touches (vocabulary rows, image channels, classes).
 
 Example (an MLP hidden layer between two residual-stream spaces)::
 
-    spaces = {"res": Group("orthogonal", 256), "mlp.0": Group("permutation", 1024)}
+    spaces = {"res": OrthogonalGroup(256), "mlp.0": PermutationGroup(1024)}
     axes = {
         "blocks.0.mlp.fc.weight":   (out("mlp.0"), inp("res")),    # (1024, 256)
         "blocks.0.mlp.fc.bias":     (out("mlp.0"),),               # (1024,)

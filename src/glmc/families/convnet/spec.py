@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from glmc.families.convnet.config import ConvNetConfig
 from glmc.families.convnet.modules import RESNET_BLOCKS, resnet_channels, vgg_layers
-from glmc.symmetry.groups import Group
+from glmc.symmetry.groups import Group, PermutationGroup
 from glmc.symmetry.spec import AxisTag, SymmetrySpec, inp, out
 
 Axes = dict[str, tuple[AxisTag, ...]]
@@ -49,7 +49,7 @@ def mlp_spec(config: ConvNetConfig) -> SymmetrySpec:
     spaces, axes, prev = {}, {}, None
     for i in range(config.depth):
         s = f"layers.{i}"
-        spaces[s] = Group("permutation", n)
+        spaces[s] = PermutationGroup(n)
         axes[f"{s}.weight"] = (out(s), _in(prev))
         axes[f"{s}.bias"] = (out(s),)
         prev = s
@@ -60,7 +60,7 @@ def vgg_spec(config: ConvNetConfig) -> SymmetrySpec:
     spaces, axes, prev = {}, {}, None
     for i, (c, _) in enumerate(vgg_layers(config)):
         s = f"features.{i}"
-        spaces[s] = Group("permutation", c)
+        spaces[s] = PermutationGroup(c)
         axes |= conv_axes(config, f"{s}.conv", f"{s}.norm", s, prev)
         prev = s
     return _with_buffers(spaces, axes | head_axes(prev))
@@ -68,7 +68,7 @@ def vgg_spec(config: ConvNetConfig) -> SymmetrySpec:
 
 def resnet_spec(config: ConvNetConfig) -> SymmetrySpec:
     channels = resnet_channels(config)
-    spaces = {f"stages.{s}": Group("permutation", c) for s, c in enumerate(channels)}
+    spaces = {f"stages.{s}": PermutationGroup(c) for s, c in enumerate(channels)}
     axes = conv_axes(config, "stem.conv", "stem.norm", "stages.0", None)
     res = "stages.0"  # the stream the next block reads
     for s, c in enumerate(channels):
@@ -76,7 +76,7 @@ def resnet_spec(config: ConvNetConfig) -> SymmetrySpec:
         for b in range(RESNET_BLOCKS):
             blk = f"{stream}.{b}"
             inner = f"{blk}.conv1"
-            spaces[inner] = Group("permutation", c)
+            spaces[inner] = PermutationGroup(c)
             axes |= conv_axes(config, f"{blk}.conv1", f"{blk}.norm1", inner, res)
             axes |= conv_axes(config, f"{blk}.conv2", f"{blk}.norm2", stream, inner)
             if res != stream:  # the projection shortcut entering a new stage

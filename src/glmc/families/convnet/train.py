@@ -31,8 +31,13 @@ class ConvNetArch(Arch):
 
     def shape(self, cfg: TrainConfig) -> dict[str, Any]:
         """The config fields this architecture takes from the training options."""
-        return {"width": getattr(cfg, "width", 1), "norm": getattr(cfg, "norm", "batch"),
-                "base": getattr(cfg, "base", None)}
+        return {"width": cfg.width, "norm": cfg.norm, "base": cfg.base}
+
+    def describe(self, cfg: TrainConfig) -> str:
+        shape = self.shape(cfg)
+        base = shape.get("hidden", shape.get("base"))
+        return (f"{self.name}: width {cfg.width}x" + (f", base {base}" if base else "")
+                + f", norm {shape['norm']}")
 
     def model_config(self, cfg: TrainConfig, ds: Dataset) -> ConvNetConfig:
         return ConvNetConfig(arch=self.name, image_size=ds.image_size,
@@ -56,13 +61,13 @@ class ConvNetArch(Arch):
 
 
 class MLPArch(ConvNetArch):
-    """Git Re-Basin's MNIST MLP: 3 hidden ReLU layers of 512 * width units, no norms
-    (``--norm`` and ``--base`` do not apply)."""
+    """Git Re-Basin's MNIST MLP: 3 hidden ReLU layers of ``--base`` (512) × ``--width``
+    units, no norms (``--norm`` does not apply)."""
 
     name, help = "mlp", "MLP (3 x 512*width ReLU units) on images"
 
     def shape(self, cfg: TrainConfig) -> dict[str, Any]:
-        return {"width": getattr(cfg, "width", 1), "norm": "none"}
+        return {"width": cfg.width, "norm": "none", "hidden": cfg.base or 512}
 
 
 class VGG11Arch(ConvNetArch):

@@ -8,7 +8,7 @@ Spaces: ``res`` (residual stream, orthogonal), ``mlp.{i}`` (hidden units, permut
 from __future__ import annotations
 
 from glmc.families.transformer.model import CanonicalConfig
-from glmc.symmetry.groups import Group
+from glmc.symmetry.groups import BlockInvertibleGroup, Group, OrthogonalGroup, PermutationGroup
 from glmc.symmetry.spec import AxisTag, SymmetrySpec, inp, out
 
 RES = "res"
@@ -60,18 +60,18 @@ def _mlp_axes(i: int) -> dict[str, tuple[AxisTag, ...]]:
 
 def canonical_spec(cfg: CanonicalConfig) -> SymmetrySpec:
     d, h, dh = cfg.d_model, cfg.n_head, cfg.head_dim
-    spaces: dict[str, Group] = {RES: Group("orthogonal", d)}
+    spaces: dict[str, Group] = {RES: OrthogonalGroup(d)}
     roles = {RES: "residual"}
     axes = _embedding_axes(cfg)
     for i in range(cfg.n_layer):
-        spaces[f"mlp.{i}"] = Group("permutation", cfg.d_mlp)
+        spaces[f"mlp.{i}"] = PermutationGroup(cfg.d_mlp)
         roles[f"mlp.{i}"] = "mlp"
         if cfg.attention == "circuit":
-            spaces[f"heads.{i}"] = Group("permutation", h)
+            spaces[f"heads.{i}"] = PermutationGroup(h)
         else:
-            spaces[f"heads.{i}"] = Group("permutation", h * dh, block=dh)
+            spaces[f"heads.{i}"] = PermutationGroup(h * dh, block=dh)
             for inner in ("qk", "ov"):
-                spaces[f"{inner}.{i}"] = Group("block_invertible", h * dh, block=dh)
+                spaces[f"{inner}.{i}"] = BlockInvertibleGroup(h * dh, block=dh)
                 roles[f"{inner}.{i}"] = inner
         roles[f"heads.{i}"] = "heads"
         axes |= _attention_axes(cfg, i)

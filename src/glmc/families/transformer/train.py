@@ -25,6 +25,10 @@ class _StockArch(Arch):
     config_class: type
     model_class: type
 
+    def describe(self, cfg: Any) -> str:
+        return (f"{self.name}: {cfg.n_layer} layers, d={cfg.n_embd}, {cfg.n_head} heads, "
+                f"MLP {cfg.mlp_width}")
+
     def config_to_json(self, config: Any) -> dict:
         return config.to_dict()
 
