@@ -55,11 +55,14 @@ class Probe:
     output) lists the units of ``space`` in the model's order. ``affine``: the tensors
     (weight, bias), both indexed by that axis, through which an affine correction of each
     unit's output is folded in (REPAIR); None where the output cannot be rescaled that way.
+    ``activation``: the nonlinearity the model applies to that output next (``"relu"``), which
+    activation matching applies before correlating (None: the output as it is).
     """
 
     module: str
     space: str
     affine: tuple[str, str] | None = None
+    activation: str | None = None
 
 
 class Family:

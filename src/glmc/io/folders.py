@@ -229,6 +229,9 @@ def write_model(folder: Path, model: CanonicalModel, stock: bool = True,
     if stock and stock_state is not None:
         write_hf(folder, *stock_state)
         return "hf"
+    if model.family.canonical_is_stock:  # (a glmc folder is the family's own format)
+        write_glmc(folder, model)
+        return "glmc"
     arch = model.config.source.get("arch")
     if stock and arch:
         try:

@@ -3,9 +3,10 @@
 For every permutation space, both models run the same training batches; at the family's
 probes (``Family.probes``) each unit's outputs, over every example and position, give the
 correlation matrix corr[i, j] between A's unit i and B's unit j (summed over the probes of a
-space tied across layers, such as a residual stage). The permutation maximising the total
-correlation is a linear assignment. Spaces are independent given the data, so one pass over
-the batches serves them all.
+space tied across layers, such as a residual stage), both after the nonlinearity that follows
+the probe (as Git Re-Basin correlates activations) and before it. The permutation maximising
+the total correlation is a linear assignment. Spaces are independent given the data, so one
+pass over the batches serves them all.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from glmc.symmetry.groups import Permutation
 from glmc.symmetry.transform import Transform
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+#: The nonlinearities a probe may name (``Probe.activation``).
+ACTIVATIONS = {None: lambda y: y, "relu": torch.relu}
 
 
 class _Cross:
@@ -79,16 +82,23 @@ def activation_matching(a: CanonicalModel, b: CanonicalModel,
             handles.append(sub.register_forward_hook(
                 lambda m, args, y, side=side, name=p.module: outputs[side].__setitem__(name, y)))
     cross: dict[str, list[_Cross]] = defaultdict(list)
-    per_probe = {p.module: _Cross() for p in probes}
+    # Each probe's units are correlated after the nonlinearity that follows it (what the next
+    # layer reads) and before it (which tells apart units the nonlinearity silences on these
+    # batches, a dead ReLU's zeros): the two correlations are summed.
+    per_probe = {p.module: (_Cross(), _Cross()) for p in probes}
     for p in probes:
-        cross[p.space].append(per_probe[p.module])
+        cross[p.space] += per_probe[p.module] if p.activation else per_probe[p.module][:1]
     try:
         for x, _ in batches:
             x = x.to(a.dtype) if x.is_floating_point() else x
             modules["a"](x)
             modules["b"](x)
             for p in probes:
-                per_probe[p.module].add(outputs["a"][p.module], outputs["b"][p.module])
+                ya, yb = outputs["a"][p.module], outputs["b"][p.module]
+                per_probe[p.module][0].add(ya, yb)
+                if p.activation:
+                    f = ACTIVATIONS[p.activation]
+                    per_probe[p.module][1].add(f(ya), f(yb))
     finally:
         for h in handles:
             h.remove()

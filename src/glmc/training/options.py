@@ -27,13 +27,16 @@ RUNTIME_FIELDS: frozenset[str] = frozenset({"threads", "device", "checkpoint_eve
 class TrainConfig:
     """Everything that defines a training run (same config and seed: same weights).
 
-    The shape options apply to both architectures: for ViT ``n_layer``/``n_embd``/``n_head``/
-    ``n_inner`` become ``num_hidden_layers``/``hidden_size``/``num_attention_heads``/
-    ``intermediate_size``. Vocabulary (GPT-2) and image size, channels and classes (ViT) come
+    Each architecture (:data:`glmc.families.ARCHS`) reads the shape options that apply to it:
+    the transformers ``n_layer``/``n_embd``/``n_head``/``n_inner`` (for ViT
+    ``num_hidden_layers``/``hidden_size``/``num_attention_heads``/``intermediate_size``), the
+    convnets ``width``/``norm``/``base``. Vocabulary, image size, channels and classes come
     from the data.
 
     Attributes:
-        arch: ``"gpt2"`` (GPT2LMHeadModel on text) or ``"vit"`` (ViTForImageClassification).
+        arch: an architecture name (:data:`ARCHS`): ``"gpt2"`` (GPT2LMHeadModel on text),
+            ``"vit"`` (ViTForImageClassification), ``"mlp"``, ``"vgg11"``, ``"vgg16"``,
+            ``"resnet20"`` (the convnet family) on images.
         data: a dataset name (see :data:`glmc.data.DATASETS`) or a path.
         seed: initialisation, batch order and dropout.
         data_seed: the train/val/test split of image datasets (text splits are contiguous). Keep

@@ -18,18 +18,20 @@ from glmc.families.convnet.spec import convnet_spec
 from glmc.symmetry.spec import SymmetrySpec
 
 
-def _probe(config: ConvNetConfig, conv: str, norm: str, space: str) -> Probe:
+def _probe(config: ConvNetConfig, conv: str, norm: str, space: str,
+           activation: str | None = "relu") -> Probe:
     """Observe ``space`` after the norm, or after the conv/linear where there is none;
-    the affine is whichever of them writes the observed output last."""
+    the affine is whichever of them writes the observed output last; ``activation``: the
+    ReLU that follows it (None where the output is first added to a residual stream)."""
     at = conv if config.norm == "none" else norm
-    return Probe(at, space, (f"{at}.weight", f"{at}.bias"))
+    return Probe(at, space, (f"{at}.weight", f"{at}.bias"), activation)
 
 
 def convnet_probes(config: ConvNetConfig) -> list[Probe]:
     """Where each space's units show (a tied ResNet stream at every writer: several)."""
     if config.arch == "mlp":
-        return [Probe(f"layers.{i}", f"layers.{i}", (f"layers.{i}.weight", f"layers.{i}.bias"))
-                for i in range(config.depth)]
+        return [Probe(f"layers.{i}", f"layers.{i}", (f"layers.{i}.weight", f"layers.{i}.bias"),
+                      "relu") for i in range(config.depth)]
     spec = convnet_spec(config)
     if config.arch != "resnet20":
         return [_probe(config, f"{s}.conv", f"{s}.norm", s) for s in spec.spaces]
@@ -39,10 +41,10 @@ def convnet_probes(config: ConvNetConfig) -> list[Probe]:
         for b in range(RESNET_BLOCKS):
             blk = f"{stream}.{b}"
             probes.append(_probe(config, f"{blk}.conv1", f"{blk}.norm1", f"{blk}.conv1"))
-            probes.append(_probe(config, f"{blk}.conv2", f"{blk}.norm2", stream))
+            probes.append(_probe(config, f"{blk}.conv2", f"{blk}.norm2", stream, None))
             if s > 0 and b == 0:
                 probes.append(_probe(config, f"{blk}.shortcut.conv", f"{blk}.shortcut.norm",
-                                     stream))
+                                     stream, None))
     return probes
 
 
