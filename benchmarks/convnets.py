@@ -5,13 +5,13 @@ Pairs are trained once with ``glmc train``'s library (seeds 0 and 1, the same da
 cached. Every barrier is the library's ``run_barrier`` on the whole test split, 11 points:
 
 - ``mlp-mnist``: MLP 3x512 on MNIST 5k; vanilla, weight and activation matching;
-- ``resnet20-ln-w{1,2,4}``: ResNet-20 with a channel LayerNorm (Git Re-Basin's width sweep)
-  on scikit-learn's digits; vanilla and weight matching at each width (plotted);
-- ``resnet20-bn-w4``: ResNet-20 with BatchNorm, 4x wide, on digits; vanilla and weight
-  matching, each with the interpolated statistics, a BatchNorm reset and REPAIR;
+- ``resnet20-ln-w{1,2,4,8}``: ResNet-20 with a channel LayerNorm (Git Re-Basin's width sweep)
+  on scikit-learn's digits; vanilla, weight and activation matching at each width (plotted);
+- ``resnet20-bn-w4``: ResNet-20 with BatchNorm, 4x wide, on digits; vanilla, weight and
+  activation matching, each with the interpolated statistics, a BatchNorm reset and REPAIR;
 - the wall time of weight matching on the ``resnet20-bn-w4`` pair (best of 3).
 
-    python benchmarks/convnets.py --cache /path/to/cache      # about 10 minutes on 2 cores
+    python benchmarks/convnets.py --cache /path/to/cache      # about 25 minutes on 2 cores
     python benchmarks/convnets.py --table                     # only rewrite the README table
 
 Writes benchmarks/results/convnets.json, results/convnets_width.png and the ``convnets``
@@ -33,7 +33,7 @@ from glmc.training import TrainConfig
 
 OUT = RESULTS / "convnets.json"
 PLOT = RESULTS / "convnets_width.png"
-WIDTHS = (1, 2, 4)
+WIDTHS = (1, 2, 4, 8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +57,10 @@ def suite() -> list[Pair]:
              _cfg(arch="mlp", data="mnist5k", steps=600, batch_size=128, lr=1e-3),
              ("none", "weight", "activation")),
         *[Pair(f"resnet20-ln-w{w}", f"ResNet-20 (LayerNorm) {w}x, digits",
-               _cfg(norm="layer", width=w, **resnet), ("none", "weight")) for w in WIDTHS],
+               _cfg(norm="layer", width=w, **resnet), ("none", "weight", "activation"))
+          for w in WIDTHS],
         Pair("resnet20-bn-w4", "ResNet-20 (BatchNorm) 4x, digits",
-             _cfg(norm="batch", width=4, **resnet), ("none", "weight"),
+             _cfg(norm="batch", width=4, **resnet), ("none", "weight", "activation"),
              ("none", "reset", "repair")),
     ]
 
@@ -117,9 +118,11 @@ def plot(results: dict) -> None:
     if not rows:
         return
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for name, label in (("none", "vanilla averaging"), ("weight", "weight matching")):
-        ax.plot([w for w, _ in rows], [r["methods"][name]["loss_barrier"] for _, r in rows],
-                marker="o", label=label)
+    for name, label in (("none", "vanilla averaging"), ("weight", "weight matching"),
+                        ("activation", "activation matching")):
+        points = [(w, r["methods"][name]["loss_barrier"]) for w, r in rows
+                  if name in r["methods"]]
+        ax.plot([w for w, _ in points], [b for _, b in points], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks([w for w, _ in rows], [f"{w}x" for w, _ in rows])
     ax.set_xlabel("ResNet-20 width")
