@@ -61,9 +61,14 @@ def _inputs(batches: Sequence[Batch], dtype: torch.dtype) -> list[torch.Tensor]:
     return [x.to(dtype) if x.is_floating_point() else x for x, _ in batches]
 
 
+def units_first(y: torch.Tensor) -> torch.Tensor:
+    """A probe's output y (N, C, ...) as (C, N·...) in float64: each unit's every value."""
+    return y.transpose(0, 1).reshape(y.shape[1], -1).double()
+
+
 def _channel_stats(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Per-unit sums of y and y² over every axis but 1, and the count; y (N, C, ...)."""
-    flat = y.transpose(0, 1).reshape(y.shape[1], -1).double()
+    flat = units_first(y)
     return flat.sum(1), flat.pow(2).sum(1), flat.shape[1]
 
 

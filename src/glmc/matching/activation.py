@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from glmc.correction import units_first
 from glmc.errors import GlmcError
 from glmc.matching.solvers import assignment
 from glmc.model import CanonicalModel
@@ -36,8 +37,7 @@ class _Cross:
 
     def add(self, ya: torch.Tensor, yb: torch.Tensor) -> None:
         """ya, yb (N, n, ...): the units on axis 1."""
-        fa = ya.transpose(0, 1).reshape(ya.shape[1], -1).double()
-        fb = yb.transpose(0, 1).reshape(yb.shape[1], -1).double()
+        fa, fb = units_first(ya), units_first(yb)
         parts = (fa.sum(1), fb.sum(1), fa.pow(2).sum(1), fb.pow(2).sum(1), fa @ fb.T)
         if self.sa is None:
             self.sa, self.sb, self.saa, self.sbb, self.sab = parts
