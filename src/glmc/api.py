@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,8 +26,16 @@ from glmc.data import TOKENIZER_FILE, Dataset, Tokenizer
 from glmc.defaults import ALIGN_METHODS
 from glmc.errors import GlmcError
 from glmc.evaluate import check_data_fits, load_pair_data
+from glmc.families import FAMILIES
 from glmc.families.importers import Importer
-from glmc.io.folders import REPORT, LoadedModel, load_model, save_folder, write_json
+from glmc.io.folders import (
+    REPORT,
+    LoadedModel,
+    load_model,
+    read_state_file,
+    save_folder,
+    write_json,
+)
 from glmc.io.outputs import check_output, model_bytes, output_errors
 from glmc.matching.weight import check_pair
 from glmc.methods import Alignment, AlignOptions, get_method, statistics_batches
@@ -42,6 +51,29 @@ METHODS = ALIGN_METHODS  # (the registry: glmc.methods.METHODS)
 def load(path: str | Path, *, allow_pickle: bool = False) -> LoadedModel:
     """Read a model folder (Hugging Face or glmc) into canonical form."""
     return load_model(path, allow_pickle=allow_pickle)
+
+
+def read_state_dict(path: str | Path, *, arch: str | None = None, norm: str | None = None,
+                    image_size: int | None = None, num_channels: int | None = None,
+                    allow_pickle: bool = False) -> CanonicalModel:
+    """A plain state dict file (``.safetensors``, or a PyTorch checkpoint with
+    ``allow_pickle``) read by its tensor names into canonical form, as ``glmc import`` does.
+
+    The family whose layouts name ``arch`` reads it (None: from the names); e.g. a
+    torchvision-style CIFAR ResNet-20: ``read_state_dict("r20.pt", image_size=32,
+    allow_pickle=True)``. Write it with :func:`save`.
+    """
+    readers = [f for f in FAMILIES.values()
+               if f.state_dict_archs and (arch is None or arch in f.state_dict_archs)]
+    if not readers:
+        known = ", ".join(a for f in FAMILIES.values() for a in f.state_dict_archs)
+        raise GlmcError(f"{path}: no family reads plain state dicts of arch {arch!r} "
+                        f"(known: {known}); other models are read from model folders")
+    if len(readers) > 1:
+        raise GlmcError(f"{path}: say which arch the state dict holds")
+    state = read_state_file(path, allow_pickle)
+    return readers[0].read_state_dict(state, str(path), arch=arch, norm=norm,
+                                      image_size=image_size, num_channels=num_channels)
 
 
 def canonical(model: ModelLike) -> CanonicalModel:
@@ -273,6 +305,19 @@ class Merge:
     stock_state: tuple[Any, StateDict] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
 
+    def save(self, path: str | Path, *, force: bool = False, stock: bool = True,
+             report: dict | None = None, started: float | None = None) -> dict:
+        """Write the merged model as ``glmc merge`` does (the stock average as is for
+        ``none`` on Hugging Face folders), with π when aligned and the report (this merge's,
+        updated by ``report``; ``started``: see :func:`write_alignment`); returns it."""
+        transform = self.alignment.transform if self.alignment is not None else None
+        out = save(self.model, path, force=force, stock=stock, transform=transform,
+                   report=self.report() | (report or {}), stock_state=self.stock_state)
+        if started is not None:
+            out["seconds"] = round(time.perf_counter() - started, 3)
+            write_report(path, out)
+        return out
+
     def report(self) -> dict[str, Any]:
         al = self.alignment
         out = {"command": "merge", **self.settings}
@@ -361,16 +406,31 @@ def save_alignment(al: Alignment, path: str | Path, *, force: bool = False,
     representable) with B's tokenizer and generation config, ``transform.safetensors``, and
     ``glmc_report.json`` with the certificate that the folder computes B's function. An
     existing non-empty ``path`` needs ``force``. Returns the report."""
-    report = save(al.aligned, path, force=force, stock=stock, report=al.report(),
-                  transform=al.transform)
     x = random_inputs(al.b.config)
-    report["certificate"] = certify_folder(path, x, canonical_logits(al.b)(x))
+    return write_alignment(path, al.aligned, al.transform, al.report(),
+                           (x, canonical_logits(al.b)(x)), force=force, stock=stock)
+
+
+def write_alignment(path: str | Path, aligned: CanonicalModel, transform: Transform,
+                    report: dict, reference: tuple[torch.Tensor, torch.Tensor], *,
+                    force: bool = False, stock: bool = True,
+                    started: float | None = None) -> dict:
+    """Write an aligned model, its transform and ``report`` plus the certificate that the
+    folder, read back, computes ``reference`` = (inputs, B's logits on them); returns the
+    report. Takes the pieces rather than an :class:`Alignment` so that a caller can release
+    the inputs first (``glmc align`` computes B's logits in B's own class before matching).
+    ``started``: a ``time.perf_counter()`` from which the report's ``seconds`` count."""
+    report = save(aligned, path, force=force, stock=stock, report=report, transform=transform)
+    report["certificate"] = certify_folder(path, *reference)
+    if started is not None:
+        report["seconds"] = round(time.perf_counter() - started, 3)
     write_report(path, report)
     return report
 
 
 def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool = True,
-         report: dict | None = None, transform: Transform | None = None) -> dict:
+         report: dict | None = None, transform: Transform | None = None,
+         stock_state: tuple[Any, StateDict] | None = None) -> dict:
     """Write a model folder as the command line does, and return its report.
 
     ``model``: a merged or aligned model (CanonicalModel) or a loaded one. The folder holds
@@ -384,7 +444,8 @@ def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool
     check_output(path, model_bytes(m.n_params()), force=force, option="path",
                  force_flag="force=True")
     report = dict(report or {})
-    report["format"] = save_folder(path, m, stock=stock, report=report, transform=transform)
+    report["format"] = save_folder(path, m, stock=stock, report=report, transform=transform,
+                                   stock_state=stock_state)
     return report
 
 

@@ -26,7 +26,6 @@ if TYPE_CHECKING:  # (torch and the library load when a command runs: --help sta
 
     from glmc.api import Alignment
     from glmc.io.folders import LoadedModel
-    from glmc.model import CanonicalModel
 
 
 def load_pair(args: argparse.Namespace,
@@ -100,17 +99,6 @@ def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel,
         return align(a, b, method=method, options=options)
 
 
-def write_output(out: str, model: CanonicalModel, stock: bool, extra: dict,
-                 transform=None, stock_state=None) -> tuple[str, Path]:
-    """Write the model folder atomically with the report (and transform) beside the weights,
-    as the library's :func:`glmc.save` does (``stock_state``: see
-    :func:`glmc.io.folders.write_model`)."""
-    from glmc.io.folders import save_folder
-
-    return save_folder(out, model, stock=stock, report=extra, transform=transform,
-                       stock_state=stock_state), Path(out)
-
-
 def drop_checkpoint(args: argparse.Namespace) -> None:
     """A finished learned-matching run's checkpoint is no longer needed."""
     Path(learned_options(args, args.out).checkpoint).unlink(missing_ok=True)
@@ -176,14 +164,13 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    from glmc.api import write_report
+    from glmc.api import write_alignment
     from glmc.distributed import is_main
-    from glmc.verify import certify_folder
 
     t0 = time.perf_counter()
     a, b = load_pair(args)
     if is_main():
-        x, want = reference_logits(b)
+        reference = reference_logits(b)
     b.stock_state = None  # (only B's canonical form is matched, on every rank)
     al = run_alignment(args, a, b, args.align)
     if not is_main():
@@ -191,18 +178,14 @@ def _run(args: argparse.Namespace) -> int:
     report = al.report() | {"a": str(args.a), "b": str(args.b)}
     lines, aligned, transform = summary(args, al), al.aligned.to(torch.float32), al.transform
     del al, a, b  # (released before OUT is written and loaded again for the certificate)
-    fmt, out = write_output(args.out, aligned, not args.no_stock, report, transform)
-    del aligned
-    report["certificate"] = certify_folder(out, x, want)
+    report = write_alignment(args.out, aligned, transform, report, reference, force=args.force,
+                             stock=not args.no_stock, started=t0)
     drop_checkpoint(args)
-    report["seconds"] = round(time.perf_counter() - t0, 3)
-    report["format"] = fmt
-    write_report(out, report)
     ok = report["certificate"]["equal"]
     if args.json:
         emit_json(report)
     else:
         print("\n".join(lines))
-        print(f"wrote {out} ({fmt}); aligned B vs B: max |Δ logits| = "
+        print(f"wrote {args.out} ({report['format']}); aligned B vs B: max |Δ logits| = "
               f"{report['certificate']['max_abs_diff']:.3e} ({'ok' if ok else 'MISMATCH'})")
     return 0 if ok else 1

@@ -35,9 +35,10 @@ def add_out(p: argparse.ArgumentParser, help: str, **kwargs: Any) -> None:
                    "empty is refused before any work)")
 
 
-def add_allow_pickle(p: argparse.ArgumentParser) -> None:
+def add_allow_pickle(p: argparse.ArgumentParser,
+                     what: str = "also read pytorch_model.bin") -> None:
     p.add_argument("--allow-pickle", action="store_true",
-                   help="also read pytorch_model.bin (torch.load with weights_only=True)")
+                   help=f"{what} (torch.load with weights_only=True)")
 
 
 def emit_json(data: Any) -> None:

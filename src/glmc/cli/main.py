@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from glmc._version import __version__
 from glmc.errors import GlmcError
 
-COMMANDS = ("demo", "train", "barrier", "align", "merge", "verify", "canonicalize")
+COMMANDS = ("demo", "train", "import", "barrier", "align", "merge", "verify", "canonicalize")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -36,6 +36,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     import importlib
+    import keyword
 
     parser = Parser(
         prog="glmc",
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
-        module = importlib.import_module(f"glmc.cli.{name}")
+        # (a command named by a Python keyword lives in NAME_.py)
+        module = importlib.import_module(f"glmc.cli.{name}" + "_" * keyword.iskeyword(name))
         module.register(sub)
     return parser
 

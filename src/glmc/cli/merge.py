@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from glmc.cli.align import alignment_progress, drop_checkpoint, load_pair, write_output
+from glmc.cli.align import alignment_progress, drop_checkpoint, load_pair
 from glmc.cli.common import add_allow_pickle, add_json, add_out, emit_json
 from glmc.cli.main import add_command
 from glmc.cli.options import (
@@ -57,9 +57,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import torch
 
-    from glmc.api import merge_pair, write_report
+    from glmc.api import merge_pair
     from glmc.distributed import is_main
 
     if not 0.0 <= args.alpha <= 1.0:  # (before any loading; the library checks it again)
@@ -77,17 +76,12 @@ def _run(args: argparse.Namespace) -> int:
         out = merge_pair(a, b, alpha=args.alpha, align_method=args.align, options=options)
     if not is_main():
         return 0
-    report = out.report() | {"a": str(args.a), "b": str(args.b)}
-    transform = out.alignment.transform if out.alignment is not None else None
-    fmt, folder = write_output(args.out, out.model.to(torch.float32), not args.no_stock,
-                               report, transform, out.stock_state)
-    report["format"] = fmt
+    report = out.save(args.out, force=args.force, stock=not args.no_stock,
+                      report={"a": str(args.a), "b": str(args.b)}, started=t0)
     drop_checkpoint(args)
-    report["seconds"] = round(time.perf_counter() - t0, 3)
-    write_report(folder, report)
     if args.json:
         emit_json(report)
     else:
-        print(f"wrote {folder} ({fmt}): {args.alpha}·A + {1 - args.alpha:g}·"
-              f"{'π(B)' if transform is not None else 'B'}")
+        print(f"wrote {args.out} ({report['format']}): {args.alpha}·A + {1 - args.alpha:g}·"
+              f"{'π(B)' if out.alignment is not None else 'B'}")
     return 0

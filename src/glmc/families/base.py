@@ -38,6 +38,10 @@ class ModelConfig:
     def to_json(self) -> dict:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
+    def describe(self) -> str:
+        """The model in a few words, for messages."""
+        return f"a {self.family} model"
+
     @classmethod
     def from_json(cls, d: dict) -> Any:
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
@@ -73,6 +77,8 @@ class Family:
     #: The canonical form is the model as trained (no rewrite): averaging "as loaded" (align
     #: method ``none``) is averaging the canonical weights.
     canonical_is_stock: ClassVar[bool] = False
+    #: The architectures whose plain state dicts :meth:`read_state_dict` reads.
+    state_dict_archs: ClassVar[tuple[str, ...]] = ()
 
     def build(self, config: Any, state: StateDict | None = None) -> nn.Module:
         """The module of ``config`` in eval mode, with ``state`` loaded strictly when given
@@ -95,6 +101,13 @@ class Family:
         from glmc.errors import GlmcError
 
         raise GlmcError(f"{self.name} models have no attention heads to write as circuits")
+
+    def read_state_dict(self, state: StateDict, where: str, **hints: Any) -> CanonicalModel:
+        """A plain state dict (a PyTorch or safetensors file's, not a model folder) in one of
+        the family's layouts; ``hints``: what its tensors do not say (arch, image size...)."""
+        from glmc.errors import GlmcError
+
+        raise GlmcError(f"{where}: {self.name} models are read from model folders")
 
     def probes(self, config: Any) -> list[Probe]:
         """Where each space's units can be observed (activation matching, REPAIR)."""

@@ -89,16 +89,44 @@ def read_weights(folder: Path, allow_pickle: bool = False) -> StateDict:
         return state
     pickled = folder / "pytorch_model.bin"
     if pickled.is_file():
-        if not allow_pickle:
-            raise GlmcError(
-                f"{pickled}: pickle checkpoints are not loaded by default; convert it to "
-                "safetensors or pass --allow-pickle (loaded with torch.load(weights_only=True))"
-            )
-        try:
-            return torch.load(pickled, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - any unpickling failure is the user's file
-            raise GlmcError(f"{pickled}: cannot load ({reason(e)})") from None
+        return _read_pickle(pickled, allow_pickle)
     raise GlmcError(f"{folder}: no model.safetensors (or sharded index) in the folder")
+
+
+def _read_pickle(path: Path, allow_pickle: bool) -> Any:
+    """``torch.load(weights_only=True)`` (tensors and plain containers only), on request."""
+    if not allow_pickle:
+        raise GlmcError(
+            f"{path}: pickle checkpoints are not loaded by default; convert it to "
+            "safetensors or pass --allow-pickle (loaded with torch.load(weights_only=True))"
+        )
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure is the user's file
+        raise GlmcError(f"{path}: cannot load ({reason(e)})") from None
+
+
+#: Keys under which training scripts commonly nest the state dict in a checkpoint.
+NESTED_STATE = ("state_dict", "model_state_dict", "model", "net")
+
+
+def read_state_file(path: str | Path, allow_pickle: bool = False) -> StateDict:
+    """The state dict in one file: safetensors, or a PyTorch checkpoint (on request; a dict
+    of tensors, or one nested under ``state_dict``, ``model_state_dict``, ``model`` or
+    ``net``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise GlmcError(f"{path}: no such file" + (" (a folder: read it as a model folder)"
+                                                   if path.is_dir() else ""))
+    if path.suffix == ".safetensors":
+        return _read_safetensors(path)
+    data = _read_pickle(path, allow_pickle)
+    if isinstance(data, dict) and not any(isinstance(v, torch.Tensor) for v in data.values()):
+        nested = next((data[k] for k in NESTED_STATE if isinstance(data.get(k), dict)), None)
+        data = nested if nested is not None else data
+    if not isinstance(data, dict) or not data:
+        raise GlmcError(f"{path}: not a state dict (a dict of tensor names to tensors)")
+    return data
 
 
 def check_shapes(where: Path, state: StateDict, expected: dict[str, tuple[int, ...]],

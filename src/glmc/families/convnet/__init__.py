@@ -2,19 +2,24 @@
 and channels carry permutation symmetries (BatchNorm, a channel LayerNorm or no norm).
 
 - ``config``: :class:`ConvNetConfig`; ``modules``: the modules and ``build``;
-- ``spec``: their symmetry spec; ``train``: the architectures ``glmc train`` trains
+- ``spec``: their symmetry spec; ``layouts``: plain state dicts read by name (torchvision's
+  names); ``train``: the architectures ``glmc train`` trains
   (``mlp``, ``vgg11``, ``vgg16``, ``resnet20``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from glmc.families import register_family
 from glmc.families.base import Family, Probe, StateDict
-from glmc.families.convnet.config import ConvNetConfig
+from glmc.families.convnet.config import ARCHS, ConvNetConfig
+from glmc.families.convnet.layouts import read_state_dict
 from glmc.families.convnet.modules import RESNET_BLOCKS, build, resnet_channels
 from glmc.families.convnet.spec import convnet_spec
+from glmc.model import CanonicalModel
 from glmc.symmetry.spec import SymmetrySpec
 
 
@@ -52,6 +57,7 @@ class ConvNetFamily(Family):
     name = "convnet"
     canonical_is_stock = True  # (trained, saved and loaded in canonical form)
     config_class = ConvNetConfig
+    state_dict_archs = ARCHS
 
     def build(self, config: ConvNetConfig, state: StateDict | None = None) -> nn.Module:
         return build(config, state)
@@ -61,6 +67,12 @@ class ConvNetFamily(Family):
 
     def probes(self, config: ConvNetConfig) -> list[Probe]:
         return convnet_probes(config)
+
+    def read_state_dict(self, state: StateDict, where: str, **hints: Any) -> CanonicalModel:
+        """torchvision-style names or glmc's (see :mod:`.layouts`); hints: ``arch``,
+        ``norm``, ``image_size``, ``num_channels``."""
+        config, canonical = read_state_dict(state, where, **hints)
+        return CanonicalModel(config, {k: v.float() for k, v in canonical.items()})
 
 
 register_family(ConvNetFamily())

@@ -70,3 +70,9 @@ class ConvNetConfig(ModelConfig):
     @property
     def n_outputs(self) -> int:
         return self.num_labels
+
+    def describe(self) -> str:
+        shape = (f"{self.depth} x {self.hidden * self.width} units" if self.arch == "mlp"
+                 else f"width {self.width}x (base {self.base}), norm {self.norm}")
+        return (f"{self.arch}: {shape}, {self.num_channels}x{self.image_size}x{self.image_size} "
+                f"images, {self.num_labels} classes")

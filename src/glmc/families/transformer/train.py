@@ -1,6 +1,7 @@
 """The stock transformers ``glmc train`` trains: GPT-2 on text, ViT on images.
 
-Both are the transformers classes, saved as Hugging Face folders that the importers read.
+Both are the transformers classes, built by the importers' ``stock_model`` (the modules
+``glmc align`` and ``verify`` load) and saved as Hugging Face folders the importers read.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import GPT2Config, GPT2LMHeadModel, ViTConfig, ViTForImageClassification
+from transformers import GPT2Config, ViTConfig
 
 from glmc.data import Dataset
 from glmc.families import register_arch
 from glmc.families.base import Arch
+from glmc.families.importers import importer_for
 
 GPT2_EOS = 50256  # GPT-2's <|endoftext|>; only meaningful with the BPE vocabulary
 
@@ -23,7 +25,6 @@ class _StockArch(Arch):
     """An architecture saved as a transformers folder (config.json + safetensors)."""
 
     config_class: type
-    model_class: type
 
     def describe(self, cfg: Any) -> str:
         return (f"{self.name}: {cfg.n_layer} layers, d={cfg.n_embd}, {cfg.n_head} heads, "
@@ -36,7 +37,7 @@ class _StockArch(Arch):
         return self.config_class.from_dict(raw)
 
     def build(self, config: Any) -> nn.Module:
-        return self.model_class(config)
+        return importer_for(config.model_type).stock_model(config)
 
     def save(self, model: nn.Module, config: Any, folder: Path) -> None:
         # save_original_format=False: keep transformers 5 tensor names (vit.layers.N...),
@@ -49,7 +50,7 @@ class GPT2Arch(_StockArch):
     ``gelu_new``; the vocabulary comes from the data."""
 
     name, task, help = "gpt2", "causal_lm", "GPT2LMHeadModel on text"
-    config_class, model_class = GPT2Config, GPT2LMHeadModel
+    config_class = GPT2Config
 
     def model_config(self, cfg: Any, ds: Dataset) -> GPT2Config:
         p, vocab = cfg.dropout, ds.vocab_size
@@ -70,7 +71,7 @@ class ViTArch(_StockArch):
     q/k/v biases; ``--patch-size`` must divide the image side."""
 
     name, task, help = "vit", "image_classifier", "ViTForImageClassification on images"
-    config_class, model_class = ViTConfig, ViTForImageClassification
+    config_class = ViTConfig
 
     def model_config(self, cfg: Any, ds: Dataset) -> ViTConfig:
         from glmc.errors import GlmcError

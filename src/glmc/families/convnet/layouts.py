@@ -1,0 +1,288 @@
+"""Plain PyTorch state dicts of convnets, read by tensor name (no torchvision needed).
+
+glmc's own names (see :mod:`.modules`) are read as they are; these layouts are mapped:
+
+- ResNet, torchvision's names (as most CIFAR ResNet repositories use them): ``conv1``/``bn1``
+  (stem), ``layer{1,2,3}.{b}.conv{1,2}`` / ``bn{1,2}``, ``layer{k}.0.downsample.{0,1}`` or
+  ``.shortcut.{0,1}`` (projection shortcut: 1x1 conv, norm), ``fc`` or ``linear`` (head);
+- VGG, torchvision's ``features`` Sequential (its indices count ReLUs and pools too): in
+  index order, a 4-D weight is the next conv, the 1-D tensors after it are its norm; one
+  linear head: ``classifier`` (or ``classifier.0``), ``fc`` or ``linear``;
+- MLP: any chain of linear layers, in natural name order (``fc1, fc2, ...``,
+  ``layers.0, ...``), each reading the previous one's outputs; the last is the head.
+
+A ``module.`` prefix (DataParallel) is dropped and ``num_batches_tracked`` ignored. A conv bias
+in front of a BatchNorm is folded into its running mean (exact in eval mode). Width and base
+follow from the shapes; the norm from the tensors (running statistics: BatchNorm; a norm
+without them needs ``norm="layer"`` said explicitly); the image side, which a convnet's
+weights do not fix, is given. Anything else is refused, naming the checkpoint's tensor.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+import torch
+
+from glmc.errors import GlmcError
+from glmc.families.convnet.config import DEFAULT_BASE, ConvNetConfig
+from glmc.families.convnet.modules import build
+
+StateDict = dict[str, torch.Tensor]
+Rule = tuple[re.Pattern[str], Callable[[re.Match[str]], str]]
+
+HEAD = re.compile(r"(?:fc|linear|head|classifier|classifier\.0)\.(weight|bias)")
+BN_STATS = ("running_mean", "running_var")
+
+
+def _stage(m: re.Match[str], part: str) -> str:
+    """``layer{k}.{b}.…`` -> ``stages.{k-1}.{b}.{part}``."""
+    return f"stages.{int(m[1]) - 1}.{m[2]}.{part}"
+
+
+RESNET_RULES: tuple[Rule, ...] = (
+    (re.compile(r"(?:stem|stages\.\d+\.\d+)\.\w+(?:\.\w+)?\.\w+"), lambda m: m[0]),  # glmc's
+    (re.compile(r"conv1\.(\w+)"), lambda m: f"stem.conv.{m[1]}"),
+    (re.compile(r"bn1\.(\w+)"), lambda m: f"stem.norm.{m[1]}"),
+    (re.compile(r"layer(\d+)\.(\d+)\.conv([12])\.(\w+)"),
+     lambda m: _stage(m, f"conv{m[3]}.{m[4]}")),
+    (re.compile(r"layer(\d+)\.(\d+)\.bn([12])\.(\w+)"),
+     lambda m: _stage(m, f"norm{m[3]}.{m[4]}")),
+    (re.compile(r"layer(\d+)\.(\d+)\.(?:downsample|shortcut)\.0\.(\w+)"),
+     lambda m: _stage(m, f"shortcut.conv.{m[3]}")),
+    (re.compile(r"layer(\d+)\.(\d+)\.(?:downsample|shortcut)\.1\.(\w+)"),
+     lambda m: _stage(m, f"shortcut.norm.{m[3]}")),
+    (HEAD, lambda m: f"head.{m[1]}"),
+)
+
+
+def _describe(name: str, t: torch.Tensor) -> str:
+    return f"{name} (shape {list(t.shape)})"
+
+
+def _by_rules(state: StateDict, rules: tuple[Rule, ...], arch: str,
+              where: str) -> dict[str, str]:
+    """canonical name -> checkpoint name, by the first rule whose pattern matches whole."""
+    names: dict[str, str] = {}
+    for src in state:
+        for pattern, target in rules:
+            m = pattern.fullmatch(src)
+            if m:
+                names[target(m)] = src
+                break
+        else:
+            raise GlmcError(f"{where}: tensor {_describe(src, state[src])} has no place in "
+                            f"a {arch} state dict")
+    return names
+
+
+def _natural(name: str) -> list[int | str]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _vgg_names(state: StateDict, where: str) -> dict[str, str]:
+    """``features.{j}.*`` in index order: a module with a 4-D weight is the next conv, one
+    with a 1-D weight its norm; glmc's ``features.{i}.conv|norm.*`` as they are."""
+    names: dict[str, str] = {}
+    modules: dict[int, list[str]] = {}
+    for src in state:
+        if re.fullmatch(r"features\.\d+\.(?:conv|norm)\.\w+", src):
+            names[src] = src
+        elif m := re.fullmatch(r"features\.(\d+)\.\w+", src):
+            modules.setdefault(int(m[1]), []).append(src)
+        elif m := HEAD.fullmatch(src):
+            names[f"head.{m[1]}"] = src
+        else:
+            raise GlmcError(f"{where}: tensor {_describe(src, state[src])} has no place in a "
+                            "VGG state dict (features.J.*, then one linear head: classifier, "
+                            "fc or linear; glmc's VGG pools globally into a single linear "
+                            "layer)")
+    conv = -1
+    for j in sorted(modules):
+        weight = state.get(f"features.{j}.weight")
+        is_conv = weight is not None and weight.ndim == 4
+        conv += is_conv
+        if conv < 0:
+            src = modules[j][0]
+            raise GlmcError(f"{where}: tensor {_describe(src, state[src])} comes before any "
+                            "conv")
+        for src in modules[j]:
+            names[f"features.{conv}.{'conv' if is_conv else 'norm'}.{src.rsplit('.', 1)[1]}"] = src
+    return names
+
+
+def _mlp_names(state: StateDict, where: str) -> dict[str, str]:
+    """A chain of linear layers: ``layers.{i}`` for the hidden ones, ``head`` for the last."""
+    weights = sorted((k for k in state if k.endswith("weight")),
+                     key=lambda k: (bool(HEAD.fullmatch(k)), _natural(k)))  # the head last
+    if len(weights) < 2:
+        raise GlmcError(f"{where}: an MLP state dict needs at least two linear layers, found "
+                        f"{len(weights)}")
+    names: dict[str, str] = {}
+    for i, src in enumerate(weights):
+        t = state[src]
+        if t.ndim != 2:
+            raise GlmcError(f"{where}: tensor {_describe(src, t)} is not a linear layer's "
+                            "weight; an MLP state dict holds only (out, in) weights and biases")
+        if i and t.shape[1] != state[weights[i - 1]].shape[0]:
+            raise GlmcError(f"{where}: tensor {_describe(src, t)} does not read the "
+                            f"{state[weights[i - 1]].shape[0]} outputs of {weights[i - 1]}")
+        layer = "head" if i == len(weights) - 1 else f"layers.{i}"
+        names[f"{layer}.weight"] = src
+        bias = src.removesuffix("weight") + "bias"
+        if bias in state:
+            names[f"{layer}.bias"] = bias
+    rest = sorted(set(state) - set(names.values()))
+    if rest:
+        raise GlmcError(f"{where}: tensor {_describe(rest[0], state[rest[0]])} belongs to no "
+                        "linear layer of the MLP")
+    return names
+
+
+def guess_arch(state: StateDict, where: str) -> str:
+    """The architecture a state dict's names say (``mlp``, ``vgg11``, ``vgg16``, ``resnet20``)."""
+    if any(k.startswith(("layer1.", "stages.")) for k in state):
+        return "resnet20"
+    if any(k.startswith("features.") for k in state):
+        convs = sum(1 for k, t in state.items() if k.startswith("features.") and t.ndim == 4
+                    and k.endswith("weight"))
+        arch = {8: "vgg11", 13: "vgg16"}.get(convs)
+        if arch is None:
+            raise GlmcError(f"{where}: features holds {convs} conv layers; VGG-11 has 8 and "
+                            "VGG-16 has 13")
+        return arch
+    if state and all(t.ndim <= 2 for t in state.values()):
+        return "mlp"
+    first = next(iter(state), None)
+    raise GlmcError(f"{where}: cannot tell the architecture from the tensor names"
+                    + (f" (first: {_describe(first, state[first])})" if first else " (empty)")
+                    + "; pass the arch (mlp, vgg11, vgg16, resnet20)")
+
+
+def _plain(state: StateDict, where: str) -> StateDict:
+    """Without ``module.`` prefixes and ``num_batches_tracked``; every tensor floating point."""
+    plain: StateDict = {}
+    for name, t in state.items():
+        if not isinstance(t, torch.Tensor):
+            raise GlmcError(f"{where}: entry {name} is a {type(t).__name__}, not a tensor")
+        if name.endswith("num_batches_tracked"):
+            continue
+        if not t.is_floating_point():
+            raise GlmcError(f"{where}: tensor {_describe(name, t)} has dtype "
+                            f"{str(t.dtype).removeprefix('torch.')}; weights must be floating")
+        plain[name.removeprefix("module.")] = t
+    return plain
+
+
+def _norm_kind(state: StateDict, names: dict[str, str], norm: str | None, where: str) -> str:
+    """"batch" when running statistics are stored, "none" when no norm is; a norm without
+    statistics only when said (``norm="layer"``)."""
+    found = "batch" if any(n.endswith(BN_STATS) for n in names) else (
+        "layer" if any(".norm" in n for n in names) else "none")
+    if norm is None and found == "layer":
+        src = next(names[n] for n in names if ".norm" in n)
+        raise GlmcError(f"{where}: norm tensor {src} comes without running statistics; if the "
+                        "norms are LayerNorms over the channels, say so (--norm layer)")
+    if norm is not None and norm != found:
+        raise GlmcError(f"{where}: the tensors say norm {found!r}, not {norm!r}")
+    return found
+
+
+def _fold_conv_biases(state: StateDict, norm: str, names: dict[str, str],
+                      where: str) -> StateDict:
+    """A conv bias before a BatchNorm moved into its running mean (BN(conv + c) in eval mode
+    is BN with mean - c); refused before a LayerNorm, which does not absorb it."""
+    out = dict(state)
+    for name in [n for n in state if re.search(r"\.conv\d?\.bias$", n)]:
+        if norm == "none":
+            continue
+        if norm != "batch":
+            raise GlmcError(f"{where}: conv bias {names[name]} comes before a channel "
+                            "LayerNorm; glmc's convnets have no bias there")
+        mean = re.sub(r"\.conv(\d?)\.bias$", r".norm\1.running_mean", name)
+        if mean in out:  # (otherwise the layout check names the stray bias)
+            out[mean] = state[mean] - out.pop(name)
+    return out
+
+
+def _shape_config(arch: str, state: StateDict, norm: str, image_size: int | None,
+                  num_channels: int | None, where: str) -> ConvNetConfig:
+    """The config the canonical-named tensors imply."""
+    head = state.get("head.weight")
+    if head is None:
+        raise GlmcError(f"{where}: no linear head (fc, linear or classifier)")
+    common = {"arch": arch, "num_labels": int(head.shape[0]), "norm": norm}
+    if arch == "mlp":
+        first = state["layers.0.weight"]
+        channels = num_channels or 1
+        side = math.isqrt(first.shape[1] // channels)
+        if side * side * channels != first.shape[1] or (image_size not in (None, side)):
+            raise GlmcError(f"{where}: the first layer reads {first.shape[1]} inputs, not "
+                            f"{channels} x {image_size or 'N'} x {image_size or 'N'} pixels")
+        depth = sum(1 for k in state if k.startswith("layers.") and k.endswith("weight"))
+        return ConvNetConfig(**common, image_size=side, num_channels=channels,
+                             hidden=int(first.shape[0]), depth=depth)
+    if image_size is None:
+        raise GlmcError(f"{where}: a {arch}'s weights do not fix the image side; give it "
+                        "(--image-size)")
+    stem = state.get("stem.conv.weight" if arch == "resnet20" else "features.0.conv.weight")
+    if stem is None:
+        raise GlmcError(f"{where}: no first conv layer")
+    c0, unit = int(stem.shape[0]), DEFAULT_BASE[arch]
+    base, width = (unit, c0 // unit) if c0 % unit == 0 else (c0, 1)
+    return ConvNetConfig(**common, image_size=image_size, num_channels=int(stem.shape[1]),
+                         base=base, width=width)
+
+
+def _check_layout(config: ConvNetConfig, state: StateDict, names: dict[str, str],
+                  where: str) -> None:
+    """Every tensor of ``config``'s module present with its shape, nothing else; a mismatch
+    names the checkpoint's tensor."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in build(config).state_dict().items()}
+    what = f"{config.arch} (width {config.width}, norm {config.norm})"
+    for name, shape in expected.items():
+        if name not in state:
+            hint = (" (glmc's ResNet-20 has projection shortcuts: downsample.0/.1)"
+                    if ".shortcut." in name else "")
+            raise GlmcError(f"{where}: no tensor for {name} {list(shape)} of {what}{hint}")
+        if tuple(state[name].shape) != shape:
+            raise GlmcError(f"{where}: tensor {_describe(names.get(name, name), state[name])} "
+                            f"does not fit {what}, which needs {list(shape)} there")
+    extra = sorted(set(state) - set(expected), key=_natural)
+    if extra:
+        src = names.get(extra[0], extra[0])
+        raise GlmcError(f"{where}: tensor {_describe(src, state[extra[0]])} has no place in "
+                        f"{what}")
+
+
+def read_state_dict(state: StateDict, where: str, *, arch: str | None = None,
+                    norm: str | None = None, image_size: int | None = None,
+                    num_channels: int | None = None) -> tuple[ConvNetConfig, StateDict]:
+    """(config, canonical state dict) of a plain state dict in one of the layouts above.
+
+    ``arch``/``norm``: None to read them from the names and tensors; ``image_size``: the
+    input side (needed for vgg/resnet20; the MLP's follows from its first layer and
+    ``num_channels``, default 1).
+    """
+    state = _plain(state, where)
+    arch = arch or guess_arch(state, where)
+    if arch == "resnet20":
+        names, layout = _by_rules(state, RESNET_RULES, arch, where), "torchvision"
+    elif arch in ("vgg11", "vgg16"):
+        names, layout = _vgg_names(state, where), "torchvision"
+    elif arch == "mlp":
+        names, layout = _mlp_names(state, where), "linear chain"
+    else:
+        raise GlmcError(f"unknown convnet arch {arch!r} (mlp, vgg11, vgg16, resnet20)")
+    kind = _norm_kind(state, names, norm, where)
+    canonical = _fold_conv_biases({n: state[src] for n, src in names.items()}, kind, names,
+                                  where)
+    config = _shape_config(arch, canonical, kind, image_size, num_channels, where)
+    _check_layout(config, canonical, names, where)
+    if all(n == src for n, src in names.items()):
+        layout = "glmc"
+    config.source = {"checkpoint": where, "layout": layout}
+    return config, canonical
