@@ -23,6 +23,7 @@ from transformers import GPT2Config, ViTConfig  # noqa: E402
 from transformers.pytorch_utils import Conv1D  # noqa: E402
 
 from glmc.data._files import DATA_INSTALL  # noqa: E402
+from glmc.families.convnet import ConvNetConfig, build  # noqa: E402
 from glmc.families.importers import IMPORTERS, Importer  # noqa: E402
 from glmc.model import CanonicalModel  # noqa: E402
 from glmc.verify import random_inputs  # noqa: E402
@@ -193,3 +194,31 @@ def h() -> Helpers:
 @pytest.fixture(params=ARCHS)
 def arch(request) -> str:
     return request.param
+
+
+# -- convnets ---------------------------------------------------------------------------------
+
+
+def random_model(config: ConvNetConfig, seed: int) -> CanonicalModel:
+    """Every tensor drawn afresh in float64: weights ~ N(0, 1/fan_in), biases and means
+    ~ N(0, 0.3²), norm weights ~ 1 + N(0, 0.5²), running variances ~ U(0.5, 2)."""
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, t in build(config).state_dict().items():
+        x = torch.randn(t.shape, generator=g, dtype=torch.float64)
+        if name.endswith("running_var"):
+            x = 0.5 + 1.5 * torch.rand(t.shape, generator=g, dtype=torch.float64)
+        elif t.dim() > 1:
+            x = x * t[0].numel() ** -0.5
+        elif ".norm" in name and name.endswith("weight"):
+            x = 1 + 0.5 * x
+        else:
+            x = 0.3 * x
+        state[name] = x
+    return CanonicalModel(config, state)
+
+
+def images(config: ConvNetConfig, n: int = 3, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    size = (n, config.num_channels, config.image_size, config.image_size)
+    return torch.randn(size, generator=g, dtype=torch.float64)

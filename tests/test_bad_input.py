@@ -391,6 +391,8 @@ CASES: dict[str, Case] = {
                       "--alpha must lie in [0, 1], got nan"),
     "zero-iters": Case(nothing, "align {a} {b} -o {out} --iters 0",
                        "--iters must be at least 1, got 0"),
+    "bad-lambda": Case(nothing, "align {a} {b} -o {out} --lam bogus",
+                       "--lam: bad λ distribution 'bogus'"),
     "zero-iters-barrier": Case(nothing, "barrier {a} {b} --data {text} --iters 0",
                                "--iters must be at least 1, got 0"),
     "zero-steps-train": Case(nothing, "train --arch gpt2 --data {text} -o {out} --steps 0",

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import images, random_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
@@ -35,31 +36,6 @@ def configs(draw: st.DrawFn, arch: str, norm: str) -> ConvNetConfig:
         return ConvNetConfig(arch, hidden=draw(st.integers(2, 6)),
                              depth=draw(st.integers(1, 3)), **shape)
     return ConvNetConfig(arch, norm=norm, base=draw(st.integers(1, 3)), **shape)
-
-
-def random_model(config: ConvNetConfig, seed: int) -> CanonicalModel:
-    """Every tensor drawn afresh in float64: weights ~ N(0, 1/fan_in), biases and means
-    ~ N(0, 0.3²), norm weights ~ 1 + N(0, 0.5²), running variances ~ U(0.5, 2)."""
-    g = torch.Generator().manual_seed(seed)
-    state = {}
-    for name, t in build(config).state_dict().items():
-        x = torch.randn(t.shape, generator=g, dtype=torch.float64)
-        if name.endswith("running_var"):
-            x = 0.5 + 1.5 * torch.rand(t.shape, generator=g, dtype=torch.float64)
-        elif t.dim() > 1:
-            x = x * t[0].numel() ** -0.5
-        elif ".norm" in name and name.endswith("weight"):
-            x = 1 + 0.5 * x
-        else:
-            x = 0.3 * x
-        state[name] = x
-    return CanonicalModel(config, state)
-
-
-def images(config: ConvNetConfig, n: int = 3, seed: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    size = (n, config.num_channels, config.image_size, config.image_size)
-    return torch.randn(size, generator=g, dtype=torch.float64)
 
 
 def logits(model: CanonicalModel, x: torch.Tensor) -> torch.Tensor:

@@ -8,10 +8,10 @@ import re
 
 import pytest
 import torch
+from conftest import images, random_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
-from test_convnet import images, random_model
 
 from glmc.api import save
 from glmc.cli.main import main

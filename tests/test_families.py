@@ -130,6 +130,32 @@ def test_matching_an_independently_trained_mlp_pair_beats_averaging(mlp_pair):
         assert report.methods[method].loss_barrier <= 0.5 * none, method
 
 
+@pytest.fixture(scope="module")
+def resnet_pair(tmp_path_factory, h):
+    """Two LayerNorm ResNet-20s (2x wide) trained on digits from different seeds, with the
+    strong weight decay under which weight matching pairs learned features rather than the
+    initialisation's noise (benchmarks/convnets.py)."""
+    h.require_packages("sklearn")
+    root = tmp_path_factory.mktemp("resnet")
+    for seed in (0, 1):
+        assert main(["train", "--arch", "resnet20", "--norm", "layer", "--width", "2",
+                     "--data", "digits", "--seed", str(seed), "--steps", "300",
+                     "--batch-size", "64", "--lr", "1e-3", "--weight-decay", "4",
+                     "--threads", "1", "-o", str(root / f"r{seed}"), "--json"]) == 0
+    return root / "r0", root / "r1"
+
+
+def test_weight_matching_an_independently_trained_resnet_pair_beats_averaging(resnet_pair):
+    """Stated margin: weight matching leaves at most 0.6x vanilla averaging's loss barrier
+    and activation matching at most 0.4x (measured: vanilla 1.36, WM 0.38x, AM 0.15x)."""
+    a, b = resnet_pair
+    report = run_barrier(a, b, "digits", methods=("none", "weight", "activation"), points=5)
+    none = report.methods["none"].loss_barrier
+    assert none > 0.2
+    assert report.methods["weight"].loss_barrier <= 0.6 * none
+    assert report.methods["activation"].loss_barrier <= 0.4 * none
+
+
 def test_merge_with_repair_writes_a_convnet_folder_with_its_report(mlp_pair, tmp_path, capsys):
     a, b = mlp_pair
     out = tmp_path / "merged"

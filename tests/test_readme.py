@@ -7,9 +7,12 @@ import json
 import re
 from pathlib import Path
 
+import torch
+
 import glmc.api
 import glmc.methods
 from glmc.cli.main import main
+from glmc.families.convnet import ConvNetConfig, build
 from glmc.matching.options import LearnedMatchingOptions
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -34,10 +37,14 @@ def test_readme_python_runs(h, tmp_path, monkeypatch):
     for seed, name in ((0, "a"), (1, "b")):
         assert main(["train", "--arch", "gpt2", "--data", "shakespeare", "--seed", str(seed),
                      "-o", f"runs/gpt-{name}", *TINY]) == 0
+    # (a plain ResNet-20 state dict, as a CIFAR repository's torch.save writes one)
+    config = ConvNetConfig("resnet20", image_size=32, num_channels=3, num_labels=10, base=4)
+    torch.save(build(config).state_dict(), "resnet20.pt")
     monkeypatch.setattr(glmc.methods, "LearnedMatchingOptions",
                         functools.partial(LearnedMatchingOptions, steps=8, eval_every=4))
+    names: dict = {}
     for block in python_blocks():
-        exec(compile(block, str(README), "exec"), {})  # noqa: S102 - the README's own code
+        exec(compile(block, str(README), "exec"), names)  # noqa: S102 - the README's own code
     written = {p.parent.name for p in Path("runs").glob("*/glmc_report.json")}
     assert {"b-aligned", "merged"} <= written
     for name in ("b-aligned", "merged"):
@@ -47,3 +54,4 @@ def test_readme_python_runs(h, tmp_path, monkeypatch):
     report = json.loads(Path("runs/b-aligned/glmc_report.json").read_text())
     assert report["format"] == "hf" and report["certificate"]["equal"]
     assert (Path("runs/b-aligned") / "transform.safetensors").is_file()
+    assert names["r20"].config.describe().startswith("resnet20: width 1x (base 4), norm batch")

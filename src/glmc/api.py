@@ -41,7 +41,7 @@ from glmc.matching.weight import check_pair
 from glmc.methods import Alignment, AlignOptions, get_method, statistics_batches
 from glmc.model import CanonicalModel
 from glmc.symmetry.transform import StateDict, Transform
-from glmc.verify import canonical_logits, certify_folder, random_inputs
+from glmc.verify import canonical_logits, certify_folder, folder_logits, random_inputs
 
 ModelLike = CanonicalModel | LoadedModel | str | Path
 
@@ -411,7 +411,7 @@ def save_alignment(al: Alignment, path: str | Path, *, force: bool = False,
                            (x, canonical_logits(al.b)(x)), force=force, stock=stock)
 
 
-def write_alignment(path: str | Path, aligned: CanonicalModel, transform: Transform,
+def write_alignment(path: str | Path, aligned: CanonicalModel, transform: Transform | None,
                     report: dict, reference: tuple[torch.Tensor, torch.Tensor], *,
                     force: bool = False, stock: bool = True,
                     started: float | None = None) -> dict:
@@ -426,6 +426,23 @@ def write_alignment(path: str | Path, aligned: CanonicalModel, transform: Transf
         report["seconds"] = round(time.perf_counter() - started, 3)
     write_report(path, report)
     return report
+
+
+def save_canonical(model: LoadedModel | str | Path, path: str | Path, *,
+                   attention: str = "heads", stock: bool = False, force: bool = False) -> dict:
+    """Write a model folder's canonical form as ``glmc canonicalize`` does (``attention``:
+    ``"heads"``, or ``"circuit"`` for heads as QK/OV circuits; ``stock``: the stock class
+    when representable), with the certificate that the written folder computes the input
+    folder's function in its own class; returns the report."""
+    if attention not in ("heads", "circuit"):
+        raise GlmcError(f"attention must be 'heads' or 'circuit', got {attention!r}")
+    m = model if isinstance(model, LoadedModel) else load_model(model)
+    canon = m.canonical if attention == "heads" else m.canonical.family.circuit_form(m.canonical)
+    x = random_inputs(canon.config)
+    report = {"command": "canonicalize", "model": str(m.path), "out": str(path),
+              "n_params": canon.n_params()}
+    return write_alignment(path, canon, None, report, (x, folder_logits(m)(x)), force=force,
+                           stock=stock)
 
 
 def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool = True,

@@ -27,23 +27,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from glmc.io.folders import load_model, save_folder
+    from glmc.api import save_canonical
+    from glmc.io.folders import load_model
     from glmc.io.outputs import check_output, model_bytes, stored_params
-    from glmc.verify import canonical_logits, certify, folder_logits, random_inputs
 
     check_output(args.out, model_bytes(stored_params(args.model)), force=args.force,
                  inputs=(args.model,))
     m = load_model(args.model, allow_pickle=args.allow_pickle)
-    canon = m.canonical
-    if args.attention == "circuit":
-        canon = canon.family.circuit_form(canon)
-    x = random_inputs(canon.config)
-    cert = certify(folder_logits(m), canonical_logits(canon), x)
-    report = {"command": "canonicalize", "model": str(args.model), "out": args.out,
-              "certificate": cert.to_json(), "n_params": canon.n_params()}
-    fmt = report["format"] = save_folder(args.out, canon, stock=args.stock, report=report)
+    report = save_canonical(m, args.out, attention=args.attention, stock=args.stock,
+                            force=args.force)
+    cert = report["certificate"]
     if args.json:
         emit_json(report)
     else:
-        print(f"wrote {args.out} ({fmt}); max |Δ logits| vs input = {cert.max_abs_diff:.3e}")
-    return 0 if cert.equal else 1
+        print(f"wrote {args.out} ({report['format']}); max |Δ logits| vs input = "
+              f"{cert['max_abs_diff']:.3e}")
+    return 0 if cert["equal"] else 1

@@ -7,7 +7,12 @@ from pathlib import Path
 
 from glmc.defaults import CORRECTIONS
 from glmc.errors import GlmcError
-from glmc.matching.options import WEIGHTINGS, LearnedMatchingOptions, WeightMatchingOptions
+from glmc.matching.options import (
+    WEIGHTINGS,
+    LearnedMatchingOptions,
+    WeightMatchingOptions,
+    parse_lambda,
+)
 
 WM_DEFAULTS = WeightMatchingOptions()
 
@@ -94,6 +99,10 @@ def add_learned_options(p: argparse.ArgumentParser) -> None:
 
 def learned_options(args: argparse.Namespace, out: str | Path | None) -> LearnedMatchingOptions:
     """The options of ``args``; the checkpoint sits beside the output (``.OUT.learned.pt``)."""
+    try:  # (the library's message names the value; the user typed --lam)
+        parse_lambda(args.lam)
+    except GlmcError as e:
+        raise GlmcError(f"--lam: {e}") from None
     ckpt = None
     if out is not None:
         out = Path(out)
