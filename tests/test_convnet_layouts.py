@@ -11,13 +11,13 @@ import torch
 from conftest import images, random_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from glmc.api import save
 from glmc.cli.main import main
 from glmc.errors import GlmcError
 from glmc.families.convnet import ConvNetConfig, build
-from glmc.families.convnet.layouts import read_state_dict
+from glmc.families.convnet.layouts import read_state_dict, to_torchvision
 from glmc.families.convnet.modules import vgg_layers
 
 
@@ -76,6 +76,7 @@ def test_torchvision_names_read_back_as_the_same_function(kind, width, base, sid
     if norm == "batch":  # (torchvision stores it; glmc has no use for it)
         state |= {k.replace("running_mean", "num_batches_tracked"): torch.tensor(7)
                   for k in state if k.endswith("running_mean")}
+    assert to_torchvision(config, model.state).keys() == state.keys()  # the way back
     read, canonical = read_state_dict(state, "ckpt", image_size=side, num_channels=2)
     assert (read.arch, read.norm, read.num_labels) == (arch, norm, 3)
     assert read.source["layout"] in ("torchvision", "linear chain")
@@ -169,3 +170,23 @@ def test_glmc_import_writes_a_folder_that_computes_the_checkpoint(tmp_path, caps
                  "--image-size", "8", "-o", str(tmp_path / "bad")]) == 2
     assert "bn1.bias (shape [4]) has no place in a VGG" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_glmc_export_writes_torchvision_names_that_import_reads_back(tmp_path, capsys):
+    config = ConvNetConfig("vgg11", image_size=8, num_channels=3, num_labels=10, base=2)
+    model = random_model(config, 2).to(torch.float32)
+    save(model, tmp_path / "ref")
+    out = tmp_path / "vgg.safetensors"
+    assert main(["export", str(tmp_path / "ref"), "-o", str(out)]) == 0
+    written = load_file(str(out))
+    want = torchvision_names(config, model.state)
+    assert {k for k in written if not k.endswith("num_batches_tracked")} == set(want)
+    assert all(torch.equal(written[k], v) for k, v in want.items())
+    assert main(["import", str(out), "--image-size", "8", "-o", str(tmp_path / "back")]) == 0
+    assert main(["verify", str(tmp_path / "ref"), str(tmp_path / "back")]) == 0
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "ref"), "-o", str(tmp_path / "vgg.pt")]) == 2
+    assert "written as safetensors" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "ref"), "-o", str(out)]) == 2  # exists: --force
+    assert "--force" in capsys.readouterr().err
+

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
 from glmc.correction import check_correction, correct, statistics_note
 from glmc.data import TOKENIZER_FILE, Dataset, Tokenizer
@@ -28,6 +29,7 @@ from glmc.errors import GlmcError
 from glmc.evaluate import check_data_fits, load_pair_data
 from glmc.families import FAMILIES
 from glmc.families.importers import Importer
+from glmc.io.atomic import atomic_path
 from glmc.io.folders import (
     REPORT,
     LoadedModel,
@@ -74,6 +76,26 @@ def read_state_dict(path: str | Path, *, arch: str | None = None, norm: str | No
     state = read_state_file(path, allow_pickle)
     return readers[0].read_state_dict(state, str(path), arch=arch, norm=norm,
                                       image_size=image_size, num_channels=num_channels)
+
+
+def export_state_dict(model: ModelLike, path: str | Path, *, layout: str = "torchvision",
+                      force: bool = False) -> dict:
+    """Write ``model``'s tensors as one ``.safetensors`` state dict under ``layout``'s names
+    (``"canonical"``: glmc's own; ``"torchvision"`` for convnets: what a torchvision-style
+    module loads), as ``glmc export`` does; atomically, refusing an existing file unless
+    ``force``. Returns what was written (layout, tensors, parameters)."""
+    m = canonical(model).to(torch.float32)
+    if Path(path).suffix != ".safetensors":
+        raise GlmcError(f"{path}: the state dict is written as safetensors (name it "
+                        "*.safetensors; torch.load users: safetensors.torch.load_file)")
+    state = m.state if layout == "canonical" else m.family.export_state_dict(m, layout)
+    check_output(path, model_bytes(m.n_params()), force=force, option="path",
+                 force_flag="force=True")
+    with output_errors(path), atomic_path(Path(path)) as tmp:
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp),
+                  metadata={"format": "pt"})
+    return {"path": str(path), "layout": layout, "tensors": len(state),
+            "n_params": m.n_params()}
 
 
 def canonical(model: ModelLike) -> CanonicalModel:

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from glmc._version import __version__
 from glmc.errors import GlmcError
 
-COMMANDS = ("demo", "train", "import", "barrier", "align", "merge", "verify", "canonicalize")
+COMMANDS = ("demo", "train", "import", "export", "barrier", "align", "merge", "verify",
+            "canonicalize")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

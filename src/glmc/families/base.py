@@ -109,6 +109,16 @@ class Family:
 
         raise GlmcError(f"{where}: {self.name} models are read from model folders")
 
+    #: Layouts :meth:`export_state_dict` writes (besides the canonical names themselves).
+    export_layouts: ClassVar[tuple[str, ...]] = ()
+
+    def export_state_dict(self, model: CanonicalModel, layout: str) -> StateDict:
+        """The model's tensors under a layout's names, for a module built elsewhere."""
+        from glmc.errors import GlmcError
+
+        raise GlmcError(f"{self.name} models have no state-dict layout {layout!r}; they are "
+                        "written as model folders")
+
     def probes(self, config: Any) -> list[Probe]:
         """Where each space's units can be observed (activation matching, REPAIR)."""
         return []

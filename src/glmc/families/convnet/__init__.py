@@ -16,7 +16,7 @@ from torch import nn
 from glmc.families import register_family
 from glmc.families.base import Family, Probe, StateDict
 from glmc.families.convnet.config import ARCHS, ConvNetConfig
-from glmc.families.convnet.layouts import read_state_dict
+from glmc.families.convnet.layouts import read_state_dict, to_torchvision
 from glmc.families.convnet.modules import RESNET_BLOCKS, build, resnet_channels
 from glmc.families.convnet.spec import convnet_spec
 from glmc.model import CanonicalModel
@@ -58,6 +58,7 @@ class ConvNetFamily(Family):
     canonical_is_stock = True  # (trained, saved and loaded in canonical form)
     config_class = ConvNetConfig
     state_dict_archs = ARCHS
+    export_layouts = ("torchvision",)
 
     def build(self, config: ConvNetConfig, state: StateDict | None = None) -> nn.Module:
         return build(config, state)
@@ -73,6 +74,11 @@ class ConvNetFamily(Family):
         ``norm``, ``image_size``, ``num_channels``."""
         config, canonical = read_state_dict(state, where, **hints)
         return CanonicalModel(config, {k: v.float() for k, v in canonical.items()})
+
+    def export_state_dict(self, model: CanonicalModel, layout: str) -> StateDict:
+        if layout != "torchvision":
+            return super().export_state_dict(model, layout)
+        return to_torchvision(model.config, model.state)
 
 
 register_family(ConvNetFamily())

@@ -16,6 +16,9 @@ in front of a BatchNorm is folded into its running mean (exact in eval mode). Wi
 follow from the shapes; the norm from the tensors (running statistics: BatchNorm; a norm
 without them needs ``norm="layer"`` said explicitly); the image side, which a convnet's
 weights do not fix, is given. Anything else is refused, naming the checkpoint's tensor.
+
+:func:`to_torchvision` goes back: a model's tensors under torchvision's names (an MLP's as
+``fc1 .. fcN``), with BatchNorm's ``num_batches_tracked``, for a module that uses them.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch
 
 from glmc.errors import GlmcError
 from glmc.families.convnet.config import DEFAULT_BASE, ConvNetConfig
-from glmc.families.convnet.modules import build
+from glmc.families.convnet.modules import build, vgg_layers
 
 StateDict = dict[str, torch.Tensor]
 Rule = tuple[re.Pattern[str], Callable[[re.Match[str]], str]]
@@ -286,3 +289,38 @@ def read_state_dict(state: StateDict, where: str, *, arch: str | None = None,
         layout = "glmc"
     config.source = {"checkpoint": where, "layout": layout}
     return config, canonical
+
+
+def _torchvision_name(config: ConvNetConfig, name: str, vgg_index: dict[int, int]) -> str:
+    """The torchvision-style name of one canonical tensor name."""
+    if config.arch == "mlp":
+        m = re.fullmatch(r"layers\.(\d+)\.(\w+)", name)
+        return f"fc{int(m[1]) + 1}.{m[2]}" if m else name.replace("head.", f"fc{config.depth + 1}.")
+    if m := re.fullmatch(r"features\.(\d+)\.(conv|norm)\.(\w+)", name):
+        return f"features.{vgg_index[int(m[1])] + (m[2] == 'norm')}.{m[3]}"
+    for pattern, repl in ((r"stem\.conv\.", "conv1."), (r"stem\.norm\.", "bn1."),
+                          (r"\.shortcut\.conv\.", ".downsample.0."),
+                          (r"\.shortcut\.norm\.", ".downsample.1."),
+                          (r"\.norm([12])\.", r".bn\1.")):
+        name = re.sub(pattern, repl, name)
+    name = re.sub(r"^stages\.(\d+)\.", lambda m: f"layer{int(m[1]) + 1}.", name)
+    return re.sub(r"^head\.", "classifier." if config.arch != "resnet20" else "fc.", name)
+
+
+def to_torchvision(config: ConvNetConfig, state: StateDict) -> StateDict:
+    """``state`` under torchvision's names (VGG: the ``features`` Sequential's indices, which
+    count the norm, ReLU and pool modules; head ``classifier``; ResNet head ``fc``), every
+    BatchNorm with a ``num_batches_tracked`` of 0: what :func:`read_state_dict` reads back
+    and a torchvision-style module loads strictly."""
+    vgg_index, j = {}, 0
+    if config.arch in ("vgg11", "vgg16"):
+        for i, (_, pool) in enumerate(vgg_layers(config)):
+            vgg_index[i] = j
+            j += 2 + (config.norm != "none") + pool  # conv, [norm], ReLU, [pool]
+    out: StateDict = {}
+    for name, t in state.items():
+        out[_torchvision_name(config, name, vgg_index)] = t
+        if name.endswith(".running_var"):
+            stem = _torchvision_name(config, name, vgg_index).removesuffix("running_var")
+            out[stem + "num_batches_tracked"] = torch.zeros((), dtype=torch.long)
+    return out
