@@ -129,6 +129,7 @@ def _resnet_state(**changes) -> dict:
     ({k: v for k, v in _resnet_state().items() if "downsample" not in k}, {"image_size": 6},
      ["shortcut", "projection shortcuts"]),
     (_resnet_state(), {}, ["--image-size"]),
+    (_resnet_state(), {"image_size": 6, "num_channels": 1}, ["reads 3 image channels, not 1"]),
     ({k: v for k, v in _resnet_state().items() if "running" not in k}, {"image_size": 6},
      ["bn1.weight", "--norm layer"]),
     (_resnet_state(**{"fc.weight": torch.zeros(4, 8, dtype=torch.int64)}), {"image_size": 6},

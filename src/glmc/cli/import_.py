@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="input image side (needed for vgg and resnet20: their weights do not "
                    "fix it)")
     p.add_argument("--num-channels", type=int, default=None,
-                   help="input image channels of an MLP (default: 1)")
+                   help="input image channels (an MLP: default 1; vgg and resnet20 read them "
+                   "from the first conv)")
     add_json(p)
     add_allow_pickle(p, "read a PyTorch checkpoint")
     p.set_defaults(func=run)

@@ -233,6 +233,9 @@ def _shape_config(arch: str, state: StateDict, norm: str, image_size: int | None
     stem = state.get("stem.conv.weight" if arch == "resnet20" else "features.0.conv.weight")
     if stem is None:
         raise GlmcError(f"{where}: no first conv layer")
+    if num_channels not in (None, stem.shape[1]):
+        raise GlmcError(f"{where}: the first conv reads {stem.shape[1]} image channels, not "
+                        f"{num_channels}")
     c0, unit = int(stem.shape[0]), DEFAULT_BASE[arch]
     base, width = (unit, c0 // unit) if c0 % unit == 0 else (c0, 1)
     return ConvNetConfig(**common, image_size=image_size, num_channels=int(stem.shape[1]),
