@@ -11,7 +11,7 @@ cached. Every barrier is the library's ``run_barrier`` on the whole test split, 
   activation matching, each with the interpolated statistics, a BatchNorm reset and REPAIR;
 - the wall time of weight matching on the ``resnet20-bn-w4`` pair (best of 3).
 
-    python benchmarks/convnets.py --cache /path/to/cache      # about 25 minutes on 2 cores
+    python benchmarks/convnets.py --cache /path/to/cache      # about 20 minutes on 2 cores
     python benchmarks/convnets.py --table                     # only rewrite the README table
 
 Writes benchmarks/results/convnets.json, results/convnets_width.png and the ``convnets``
