@@ -331,7 +331,7 @@ class Merge:
              report: dict | None = None, started: float | None = None) -> dict:
         """Write the merged model as ``glmc merge`` does (the stock average as is for
         ``none`` on Hugging Face folders), with π when aligned and the report (this merge's,
-        updated by ``report``; ``started``: see :func:`write_alignment`); returns it."""
+        updated by ``report``; ``started``: see :func:`save_certified`); returns it."""
         transform = self.alignment.transform if self.alignment is not None else None
         out = save(self.model, path, force=force, stock=stock, transform=transform,
                    report=self.report() | (report or {}), stock_state=self.stock_state)
@@ -429,20 +429,21 @@ def save_alignment(al: Alignment, path: str | Path, *, force: bool = False,
     ``glmc_report.json`` with the certificate that the folder computes B's function. An
     existing non-empty ``path`` needs ``force``. Returns the report."""
     x = random_inputs(al.b.config)
-    return write_alignment(path, al.aligned, al.transform, al.report(),
-                           (x, canonical_logits(al.b)(x)), force=force, stock=stock)
+    return save_certified(al.aligned, path, al.report(), (x, canonical_logits(al.b)(x)),
+                          transform=al.transform, force=force, stock=stock)
 
 
-def write_alignment(path: str | Path, aligned: CanonicalModel, transform: Transform | None,
-                    report: dict, reference: tuple[torch.Tensor, torch.Tensor], *,
-                    force: bool = False, stock: bool = True,
-                    started: float | None = None) -> dict:
-    """Write an aligned model, its transform and ``report`` plus the certificate that the
-    folder, read back, computes ``reference`` = (inputs, B's logits on them); returns the
-    report. Takes the pieces rather than an :class:`Alignment` so that a caller can release
-    the inputs first (``glmc align`` computes B's logits in B's own class before matching).
-    ``started``: a ``time.perf_counter()`` from which the report's ``seconds`` count."""
-    report = save(aligned, path, force=force, stock=stock, report=report, transform=transform)
+def save_certified(model: CanonicalModel, path: str | Path, report: dict,
+                   reference: tuple[torch.Tensor, torch.Tensor], *,
+                   transform: Transform | None = None, force: bool = False, stock: bool = True,
+                   started: float | None = None) -> dict:
+    """Write ``model`` (see :func:`save`) with ``report`` plus the certificate that the folder,
+    read back, computes ``reference`` = (inputs, the logits it must give); returns the report.
+    An aligned B must give B's logits, a canonical form its input's. Takes the pieces rather
+    than an :class:`Alignment` so that a caller can release the inputs first (``glmc align``
+    computes B's logits in B's own class before matching). ``started``: a
+    ``time.perf_counter()`` from which the report's ``seconds`` count."""
+    report = save(model, path, force=force, stock=stock, report=report, transform=transform)
     report["certificate"] = certify_folder(path, *reference)
     if started is not None:
         report["seconds"] = round(time.perf_counter() - started, 3)
@@ -463,8 +464,8 @@ def save_canonical(model: LoadedModel | str | Path, path: str | Path, *,
     x = random_inputs(canon.config)
     report = {"command": "canonicalize", "model": str(m.path), "out": str(path),
               "n_params": canon.n_params()}
-    return write_alignment(path, canon, None, report, (x, folder_logits(m)(x)), force=force,
-                           stock=stock)
+    return save_certified(canon, path, report, (x, folder_logits(m)(x)), force=force,
+                          stock=stock)
 
 
 def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool = True,

@@ -10,6 +10,7 @@ the config's task (:mod:`glmc.tasks`), and never names an architecture.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,6 +25,39 @@ if TYPE_CHECKING:
     from glmc.training.options import TrainConfig
 
 StateDict = dict[str, torch.Tensor]
+
+
+def module_shapes(build: Callable[[], nn.Module]) -> dict[str, tuple[int, ...]]:
+    """The state-dict shapes of the module ``build`` makes (built on the meta device: no
+    memory, no initialisation)."""
+    with torch.device("meta"):
+        module = build()
+    return {k: tuple(v.shape) for k, v in module.state_dict().items()}
+
+
+def check_shapes(where: Any, state: StateDict, expected: dict[str, tuple[int, ...]],
+                 optional: tuple[str, ...] = (), *, shown: dict[str, str] | None = None,
+                 needs: str = "the config implies") -> None:
+    """Every expected tensor present with its shape, and no unknown tensor; else a GlmcError
+    naming the first offender (as ``shown`` names it: a checkpoint's own name) and its shape.
+    ``needs``: what the expected shape comes from, for the message."""
+    from glmc.errors import GlmcError
+
+    show = (shown or {}).get
+    for name, shape in expected.items():
+        if name not in state:
+            if name in optional:
+                continue
+            raise GlmcError(f"{where}: tensor {name} (shape {list(shape)}) is missing")
+        got = tuple(state[name].shape)
+        if got != tuple(shape):
+            raise GlmcError(f"{where}: tensor {show(name, name)} has shape {list(got)}, "
+                            f"{needs} {list(shape)}")
+    unknown = sorted(set(state) - set(expected))
+    if unknown:
+        first = f"{show(unknown[0], unknown[0])} (shape {list(state[unknown[0]].shape)})"
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise GlmcError(f"{where}: unexpected tensor {first}{more}")
 
 
 class ModelConfig:

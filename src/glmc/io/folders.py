@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from glmc.errors import GlmcError, reason
 from glmc.families import family_named
+from glmc.families.base import check_shapes, module_shapes
 from glmc.families.importers import Importer, NotRepresentable, importer_for
 from glmc.io.atomic import atomic_dir, atomic_path
 from glmc.io.outputs import output_errors
@@ -129,31 +130,6 @@ def read_state_file(path: str | Path, allow_pickle: bool = False) -> StateDict:
     return data
 
 
-def check_shapes(where: Path, state: StateDict, expected: dict[str, tuple[int, ...]],
-                 optional: tuple[str, ...] = ()) -> None:
-    """Every expected tensor present with its shape; no unknown tensors."""
-    for name, shape in expected.items():
-        if name not in state:
-            if name in optional:
-                continue
-            raise GlmcError(f"{where}: tensor {name} (shape {list(shape)}) is missing")
-        got = tuple(state[name].shape)
-        if got != tuple(shape):
-            raise GlmcError(
-                f"{where}: tensor {name} has shape {list(got)}, the config implies {list(shape)}"
-            )
-    unknown = sorted(set(state) - set(expected))
-    if unknown:
-        raise GlmcError(f"{where}: unexpected tensor {unknown[0]} (and {len(unknown) - 1} more)"
-                        if len(unknown) > 1 else f"{where}: unexpected tensor {unknown[0]}")
-
-
-def _meta_shapes(module_fn) -> dict[str, tuple[int, ...]]:
-    with torch.device("meta"):
-        m = module_fn()
-    return {k: tuple(v.shape) for k, v in m.state_dict().items()}
-
-
 def _check_values(where: Path, state: StateDict) -> None:
     """Every tensor floating point (an int tensor would be cast silently) and finite."""
     for name, t in state.items():
@@ -184,7 +160,7 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
             cfg = family.config_class.from_json(raw["canonical"])
         except (KeyError, TypeError, ValueError) as e:
             raise GlmcError(f"{cfg_path}: invalid glmc config ({e})") from None
-        check_shapes(folder / "model.safetensors", state, _meta_shapes(lambda: family.build(cfg)))
+        check_shapes(folder / "model.safetensors", state, module_shapes(lambda: family.build(cfg)))
         _check_values(folder, state)
         state = {k: v.to(dtype) for k, v in state.items()}
         return LoadedModel(folder, CanonicalModel(cfg, state, read_side_files(folder)))
@@ -197,7 +173,7 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
     except Exception as e:  # noqa: BLE001
         raise GlmcError(f"{cfg_path}: invalid {model_type} config ({e})") from None
     state = importer.normalize_keys(state)
-    expected = _meta_shapes(lambda: importer.stock_model(hf_config))
+    expected = module_shapes(lambda: importer.stock_model(hf_config))
     check_shapes(folder, state, expected, optional=importer.optional_keys(hf_config))
     _check_values(folder, state)
     state = {k: v.to(dtype) for k, v in state.items()}

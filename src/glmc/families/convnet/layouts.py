@@ -30,6 +30,7 @@ from collections.abc import Callable
 import torch
 
 from glmc.errors import GlmcError
+from glmc.families.base import check_shapes, module_shapes
 from glmc.families.convnet.config import DEFAULT_BASE, ConvNetConfig
 from glmc.families.convnet.modules import build, vgg_layers
 
@@ -197,10 +198,10 @@ def _fold_conv_biases(state: StateDict, norm: str, names: dict[str, str],
                       where: str) -> StateDict:
     """A conv bias before a BatchNorm moved into its running mean (BN(conv + c) in eval mode
     is BN with mean - c); refused before a LayerNorm, which does not absorb it."""
+    if norm == "none":  # (the conv keeps its bias)
+        return state
     out = dict(state)
     for name in [n for n in state if re.search(r"\.conv\d?\.bias$", n)]:
-        if norm == "none":
-            continue
         if norm != "batch":
             raise GlmcError(f"{where}: conv bias {names[name]} comes before a channel "
                             "LayerNorm; glmc's convnets have no bias there")
@@ -246,22 +247,13 @@ def _check_layout(config: ConvNetConfig, state: StateDict, names: dict[str, str]
                   where: str) -> None:
     """Every tensor of ``config``'s module present with its shape, nothing else; a mismatch
     names the checkpoint's tensor."""
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in build(config).state_dict().items()}
-    what = f"{config.arch} (width {config.width}, norm {config.norm})"
-    for name, shape in expected.items():
-        if name not in state:
-            hint = (" (glmc's ResNet-20 has projection shortcuts: downsample.0/.1)"
-                    if ".shortcut." in name else "")
-            raise GlmcError(f"{where}: no tensor for {name} {list(shape)} of {what}{hint}")
-        if tuple(state[name].shape) != shape:
-            raise GlmcError(f"{where}: tensor {_describe(names.get(name, name), state[name])} "
-                            f"does not fit {what}, which needs {list(shape)} there")
-    extra = sorted(set(state) - set(expected), key=_natural)
-    if extra:
-        src = names.get(extra[0], extra[0])
-        raise GlmcError(f"{where}: tensor {_describe(src, state[extra[0]])} has no place in "
-                        f"{what}")
+    expected = module_shapes(lambda: build(config))
+    shortcut = next((n for n in expected if ".shortcut." in n and n not in state), None)
+    if shortcut is not None:
+        raise GlmcError(f"{where}: tensor {shortcut} (shape {list(expected[shortcut])}) is "
+                        "missing: glmc's ResNet-20 has projection shortcuts (downsample.0/.1)")
+    check_shapes(where, state, expected, shown=names,
+                 needs=f"{config.arch} (width {config.width}, norm {config.norm}) needs")
 
 
 def read_state_dict(state: StateDict, where: str, *, arch: str | None = None,
