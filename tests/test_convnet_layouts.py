@@ -19,6 +19,7 @@ from glmc.errors import GlmcError
 from glmc.families.convnet import ConvNetConfig, build
 from glmc.families.convnet.layouts import read_state_dict, to_torchvision
 from glmc.families.convnet.modules import vgg_layers
+from glmc.io.folders import read_state_file
 
 
 def torchvision_names(config: ConvNetConfig, state: dict) -> dict:
@@ -144,6 +145,12 @@ def _resnet_state(**changes) -> dict:
      ["fc2.weight", "does not read the 5 outputs of fc1.weight"]),
     ({"fc1.weight": torch.zeros(5, 783), "fc2.weight": torch.zeros(3, 5)}, {},
      ["783 inputs"]),
+    (_resnet_state(**{"linear.weight": torch.zeros(4, 8), "linear.bias": torch.zeros(4)}),
+     {"image_size": 6}, ["fc.weight and linear.weight would both be head.weight"]),
+    (_resnet_state(**{"module.fc.bias": torch.zeros(4)}), {"image_size": 6},
+     ["fc.bias and module.fc.bias are the same tensor twice"]),
+    ({"input.weight": torch.zeros(5, 784), "hidden.weight": torch.zeros(5, 5),
+      "output.weight": torch.zeros(3, 5)}, {}, ["cannot tell the order of the linear layers"]),
 ])
 def test_a_layout_that_does_not_fit_names_the_tensor(state, hints, words):
     with pytest.raises(GlmcError) as e:
@@ -190,4 +197,52 @@ def test_glmc_export_writes_torchvision_names_that_import_reads_back(tmp_path, c
     assert "written as safetensors" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "ref"), "-o", str(out)]) == 2  # exists: --force
     assert "--force" in capsys.readouterr().err
+
+
+def test_batchnorm_without_affine_reads_as_weight_one_and_bias_zero():
+    config = ConvNetConfig("resnet20", image_size=6, num_channels=3, num_labels=4, base=2)
+    model = random_model(config, 4)
+    state = {k: v for k, v in model.state.items()
+             if not re.search(r"norm\d?\.(weight|bias)$", k)}
+    plain = {k: (torch.ones_like(v) if k.endswith("weight") else torch.zeros_like(v))
+             if re.search(r"norm\d?\.(weight|bias)$", k) else v for k, v in model.state.items()}
+    read, canonical = read_state_dict(torchvision_names(config, state), "ckpt", image_size=6)
+    assert read.norm == "batch"
+    assert torch.equal(logits(read, canonical), logits(config, plain))
+
+
+def test_an_mlp_is_read_in_the_order_of_its_layer_indices():
+    """classifier.0/2/4 (a Sequential with ReLUs between) and fc2 before fc10."""
+    config = ConvNetConfig("mlp", image_size=4, num_channels=3, num_labels=3, hidden=5, depth=9)
+    model = random_model(config, 1)
+    seq = {re.sub(r"^(layers\.(\d+)|head)\.",
+                  lambda m: f"classifier.{2 * int(m[2]) if m[2] else 18}.", k): v
+           for k, v in model.state.items()}
+    for state in (seq, torchvision_names(config, model.state)):
+        read, canonical = read_state_dict(state, "ckpt", image_size=4)
+        assert read.num_channels == 3  # (48 inputs of a 4x4 image)
+        assert torch.equal(logits(read, canonical), logits(config, model.state))
+
+
+def test_import_and_export_never_replace_their_input(tmp_path, capsys):
+    config = ConvNetConfig("mlp", image_size=4, num_channels=1, num_labels=3, hidden=5)
+    model = random_model(config, 0).to(torch.float32)
+    (tmp_path / "ck").mkdir()
+    save_file(torchvision_names(config, model.state), str(tmp_path / "ck" / "m.safetensors"))
+    assert main(["import", str(tmp_path / "ck" / "m.safetensors"), "-o", str(tmp_path / "ck"),
+                 "--force"]) == 2
+    assert "would replace input" in capsys.readouterr().err
+    assert (tmp_path / "ck" / "m.safetensors").is_file()
+    save(model, tmp_path / "m")
+    assert main(["export", str(tmp_path / "m"), "-o", str(tmp_path / "m" / "model.safetensors"),
+                 "--force"]) == 2
+    assert "would replace part of input" in capsys.readouterr().err
+    assert main(["verify", str(tmp_path / "m"), str(tmp_path / "m")]) == 0
+
+
+def test_a_checkpoint_nests_its_state_dict_beside_other_entries(tmp_path):
+    config = ConvNetConfig("mlp", image_size=4, num_channels=1, num_labels=3, hidden=5)
+    state = torchvision_names(config, random_model(config, 0).state)
+    torch.save({"net": state, "acc": torch.tensor(0.9), "epoch": 3}, tmp_path / "c.pt")
+    assert read_state_file(tmp_path / "c.pt", allow_pickle=True).keys() == state.keys()
 

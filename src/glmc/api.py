@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -331,14 +331,14 @@ class Merge:
              report: dict | None = None, started: float | None = None) -> dict:
         """Write the merged model as ``glmc merge`` does (the stock average as is for
         ``none`` on Hugging Face folders), with π when aligned and the report (this merge's,
-        updated by ``report``; ``started``: see :func:`save_certified`); returns it."""
+        updated by ``report``; ``seconds`` since ``started``, a ``time.perf_counter()``, when
+        given); returns it."""
         transform = self.alignment.transform if self.alignment is not None else None
-        out = save(self.model, path, force=force, stock=stock, transform=transform,
-                   report=self.report() | (report or {}), stock_state=self.stock_state)
+        report = self.report() | (report or {})
         if started is not None:
-            out["seconds"] = round(time.perf_counter() - started, 3)
-            write_report(path, out)
-        return out
+            report["seconds"] = round(time.perf_counter() - started, 3)
+        return save(self.model, path, force=force, stock=stock, transform=transform,
+                    report=report, stock_state=self.stock_state)
 
     def report(self) -> dict[str, Any]:
         al = self.alignment
@@ -435,16 +435,23 @@ def save_alignment(al: Alignment, path: str | Path, *, force: bool = False,
 
 def save_certified(model: CanonicalModel, path: str | Path, report: dict,
                    reference: tuple[torch.Tensor, torch.Tensor], *,
-                   transform: Transform | None = None, force: bool = False, stock: bool = True,
-                   started: float | None = None) -> dict:
-    """Write ``model`` (see :func:`save`) with ``report`` plus the certificate that the folder,
-    read back, computes ``reference`` = (inputs, the logits it must give); returns the report.
-    An aligned B must give B's logits, a canonical form its input's. Takes the pieces rather
-    than an :class:`Alignment` so that a caller can release the inputs first (``glmc align``
-    computes B's logits in B's own class before matching). ``started``: a
-    ``time.perf_counter()`` from which the report's ``seconds`` count."""
-    report = save(model, path, force=force, stock=stock, report=report, transform=transform)
-    report["certificate"] = certify_folder(path, *reference)
+                   transform: Transform | None = None, force: bool = False,
+                   stock: bool = True) -> dict:
+    """Write ``model`` (see :func:`save`) with ``report`` plus the certificate that the folder
+    as written computes ``reference`` = (inputs, the logits it must give), taken before the
+    folder takes its name; returns the report. An aligned B must give B's logits, a canonical
+    form its input's."""
+    return save(model, path, force=force, stock=stock, report=report, transform=transform,
+                certify=lambda folder: certify_folder(folder, *reference))
+
+
+def certify_saved(path: str | Path, report: dict, reference: tuple[torch.Tensor, torch.Tensor],
+                  started: float | None = None) -> dict:
+    """Certify a folder :func:`save` wrote (see :func:`save_certified`) and rewrite its report
+    with the certificate (and the ``seconds`` since ``started``, a ``time.perf_counter()``):
+    for a caller that releases the model between the two, as ``glmc align`` does, so that the
+    model and its read-back copy are never in memory together."""
+    report = report | {"certificate": certify_folder(path, *reference)}
     if started is not None:
         report["seconds"] = round(time.perf_counter() - started, 3)
     write_report(path, report)
@@ -470,13 +477,15 @@ def save_canonical(model: LoadedModel | str | Path, path: str | Path, *,
 
 def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool = True,
          report: dict | None = None, transform: Transform | None = None,
-         stock_state: tuple[Any, StateDict] | None = None) -> dict:
+         stock_state: tuple[Any, StateDict] | None = None,
+         certify: Callable[[Path], dict] | None = None) -> dict:
     """Write a model folder as the command line does, and return its report.
 
     ``model``: a merged or aligned model (CanonicalModel) or a loaded one. The folder holds
     the stock class when the model is representable (else a glmc folder, which every glmc
     command reads), the tokenizer and generation config the model carries, ``transform``
-    when given, and ``glmc_report.json`` (``report`` plus the format written). An existing
+    when given, and ``glmc_report.json`` (``report`` plus the format written, and with
+    ``certify``, its certificate of the folder as written: see :func:`save_certified`). An existing
     non-empty ``path`` is replaced only with ``force``; the location is checked (writable,
     free space) before anything is written, and the write is atomic.
     """
@@ -484,9 +493,8 @@ def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool
     check_output(path, model_bytes(m.n_params()), force=force, option="path",
                  force_flag="force=True")
     report = dict(report or {})
-    report["format"] = save_folder(path, m, stock=stock, report=report, transform=transform,
-                                   stock_state=stock_state)
-    return report
+    return save_folder(path, m, stock=stock, report=report, transform=transform,
+                       stock_state=stock_state, certify=certify)
 
 
 def write_report(folder: str | Path, report: dict) -> None:

@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    from glmc.api import save_certified
+    from glmc.api import certify_saved, save
     from glmc.distributed import is_main
 
     t0 = time.perf_counter()
@@ -178,8 +178,10 @@ def _run(args: argparse.Namespace) -> int:
     report = al.report() | {"a": str(args.a), "b": str(args.b)}
     lines, aligned, transform = summary(args, al), al.aligned.to(torch.float32), al.transform
     del al, a, b  # (released before OUT is written and loaded again for the certificate)
-    report = save_certified(aligned, args.out, report, reference, transform=transform,
-                            force=args.force, stock=not args.no_stock, started=t0)
+    report = save(aligned, args.out, force=args.force, stock=not args.no_stock, report=report,
+                  transform=transform)
+    del aligned  # (not in memory beside its read-back copy while that is certified)
+    report = certify_saved(args.out, report, reference, started=t0)
     drop_checkpoint(args)
     ok = report["certificate"]["equal"]
     if args.json:

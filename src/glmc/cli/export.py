@@ -6,6 +6,7 @@ import argparse
 
 from glmc.cli.common import add_allow_pickle, add_json, add_out, emit_json
 from glmc.cli.main import add_command
+from glmc.errors import GlmcError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +31,9 @@ def run(args: argparse.Namespace) -> int:
     from glmc.io.folders import load_model
     from glmc.io.outputs import check_output
 
+    if not args.out.endswith(".safetensors"):  # (before loading; the library checks it too)
+        raise GlmcError(f"{args.out}: the state dict is written as safetensors (name it "
+                        "*.safetensors)")
     check_output(args.out, force=args.force, inputs=(args.model,))
     m = load_model(args.model, allow_pickle=args.allow_pickle)
     report = export_state_dict(m, args.out, layout=args.layout, force=args.force)

@@ -39,8 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from glmc.api import read_state_dict, save
+    from glmc.io.outputs import check_output
 
     check_at_least(args, image_size=1, num_channels=1)
+    check_output(args.out, force=args.force, inputs=(args.checkpoint,))
     model = read_state_dict(args.checkpoint, arch=args.arch, norm=args.norm,
                             image_size=args.image_size, num_channels=args.num_channels,
                             allow_pickle=args.allow_pickle)

@@ -10,6 +10,7 @@ transformer's (written before families existed).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,7 @@ def read_state_file(path: str | Path, allow_pickle: bool = False) -> StateDict:
     if path.suffix == ".safetensors":
         return _read_safetensors(path)
     data = _read_pickle(path, allow_pickle)
-    if isinstance(data, dict) and not any(isinstance(v, torch.Tensor) for v in data.values()):
+    if isinstance(data, dict):  # (a state dict holds tensors: a dict under these is nested)
         nested = next((data[k] for k in NESTED_STATE if isinstance(data.get(k), dict)), None)
         data = nested if nested is not None else data
     if not isinstance(data, dict) or not data:
@@ -251,20 +252,25 @@ def write_model(folder: Path, model: CanonicalModel, stock: bool = True,
 
 def save_folder(out: str | Path, model: CanonicalModel, *, stock: bool = True,
                 report: dict | None = None, transform: Any = None,
-                stock_state: tuple[Any, StateDict] | None = None) -> str:
+                stock_state: tuple[Any, StateDict] | None = None,
+                certify: Callable[[Path], dict] | None = None) -> dict:
     """Write ``out`` atomically: the model (see :func:`write_model`, also for
     ``stock_state``), the transform when given, and ``glmc_report.json`` (``report`` plus the
-    format written).
+    format written, and ``certify(folder)``'s certificate of the folder as written, taken
+    before the folder takes its name: ``out`` never exists without it).
 
-    Returns the format written (see :func:`write_model`). A failed write (disk full) is a
-    GlmcError and leaves any earlier ``out`` as it was.
+    Returns the report written (its ``format``: see :func:`write_model`). A failed write
+    (disk full) is a GlmcError and leaves any earlier ``out`` as it was.
     """
     with output_errors(out), atomic_dir(out) as tmp:
         fmt = write_model(tmp, model, stock=stock, stock_state=stock_state)
         if transform is not None:
             transform.save(tmp / TRANSFORM)
-        write_json(tmp / REPORT, {"format": fmt, **(report or {})})
-    return fmt
+        report = {"format": fmt, **(report or {})}
+        if certify is not None:
+            report["certificate"] = certify(tmp)
+        write_json(tmp / REPORT, report)
+    return report
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -48,7 +48,7 @@ def check_output(path: str | Path, need_bytes: int = 0, *, force: bool = False,
         into: the output is written inside the folder ``path`` (a report folder, a cache);
             otherwise it replaces ``path`` atomically, from beside it.
         inputs: the files and folders the command reads; replacing ``path`` must delete
-            none of them (``--force`` included).
+            none of them, nor anything inside an input folder (``--force`` included).
 
     Returns:
         ``path`` made absolute.
@@ -64,6 +64,8 @@ def check_output(path: str | Path, need_bytes: int = 0, *, force: bool = False,
         source = Path(name).expanduser().resolve()
         if source == out or out in source.parents:
             raise GlmcError(f"{path}: the output folder would replace input {name}")
+        if source.is_dir() and source in out.parents and out.exists():
+            raise GlmcError(f"{path}: the output would replace part of input {name}")
     if not force and _occupied(p):
         raise GlmcError(f"{path}: exists and is not empty; pass {force_flag} to replace it, "
                         f"or choose another {option}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Callable
 
 import torch
@@ -66,6 +67,14 @@ def _describe(name: str, t: torch.Tensor) -> str:
     return f"{name} (shape {list(t.shape)})"
 
 
+def _put(names: dict[str, str], target: str, src: str, where: str) -> None:
+    """names[target] = src, refusing a second checkpoint tensor for the same place."""
+    if target in names:
+        raise GlmcError(f"{where}: tensors {names[target]} and {src} would both be {target}; "
+                        "keep one of them")
+    names[target] = src
+
+
 def _by_rules(state: StateDict, rules: tuple[Rule, ...], arch: str,
               where: str) -> dict[str, str]:
     """canonical name -> checkpoint name, by the first rule whose pattern matches whole."""
@@ -74,7 +83,7 @@ def _by_rules(state: StateDict, rules: tuple[Rule, ...], arch: str,
         for pattern, target in rules:
             m = pattern.fullmatch(src)
             if m:
-                names[target(m)] = src
+                _put(names, target(m), src, where)
                 break
         else:
             raise GlmcError(f"{where}: tensor {_describe(src, state[src])} has no place in "
@@ -93,11 +102,11 @@ def _vgg_names(state: StateDict, where: str) -> dict[str, str]:
     modules: dict[int, list[str]] = {}
     for src in state:
         if re.fullmatch(r"features\.\d+\.(?:conv|norm)\.\w+", src):
-            names[src] = src
+            _put(names, src, src, where)
         elif m := re.fullmatch(r"features\.(\d+)\.\w+", src):
             modules.setdefault(int(m[1]), []).append(src)
         elif m := HEAD.fullmatch(src):
-            names[f"head.{m[1]}"] = src
+            _put(names, f"head.{m[1]}", src, where)
         else:
             raise GlmcError(f"{where}: tensor {_describe(src, state[src])} has no place in a "
                             "VGG state dict (features.J.*, then one linear head: classifier, "
@@ -113,14 +122,28 @@ def _vgg_names(state: StateDict, where: str) -> dict[str, str]:
             raise GlmcError(f"{where}: tensor {_describe(src, state[src])} comes before any "
                             "conv")
         for src in modules[j]:
-            names[f"features.{conv}.{'conv' if is_conv else 'norm'}.{src.rsplit('.', 1)[1]}"] = src
+            part = "conv" if is_conv else "norm"
+            _put(names, f"features.{conv}.{part}.{src.rsplit('.', 1)[1]}", src, where)
     return names
 
 
 def _mlp_names(state: StateDict, where: str) -> dict[str, str]:
-    """A chain of linear layers: ``layers.{i}`` for the hidden ones, ``head`` for the last."""
-    weights = sorted((k for k in state if k.endswith("weight")),
-                     key=lambda k: (bool(HEAD.fullmatch(k)), _natural(k)))  # the head last
+    """A chain of linear layers: ``layers.{i}`` for the hidden ones, ``head`` for the last.
+
+    The order is the layers' index (``fc1 .. fcN``, ``layers.0 ..``, ``classifier.0 ..``);
+    a head-named layer outside the indexed ones (``fc``, ``head``) comes last. Names without
+    an index (``input``, ``hidden``) say no order, and are refused."""
+    weights = [k for k in state if k.endswith("weight")]
+    family = {k: re.sub(r"\d+", "#", k) for k in weights}  # (the name with its index blanked)
+    count = Counter(family.values())
+    heads = [k for k in weights if HEAD.fullmatch(k) and count[family[k]] == 1]
+    hidden = sorted((k for k in weights if k not in heads), key=_natural)
+    if len(heads) > 1 or (len(hidden) > 1 and (len({family[k] for k in hidden}) > 1
+                                               or "#" not in family[hidden[0]])):
+        raise GlmcError(f"{where}: cannot tell the order of the linear layers from their names "
+                        f"({', '.join(sorted(weights, key=_natural))}); name them with an "
+                        "index (fc1 .. fcN, or layers.0 .. and a head)")
+    weights = hidden + heads
     if len(weights) < 2:
         raise GlmcError(f"{where}: an MLP state dict needs at least two linear layers, found "
                         f"{len(weights)}")
@@ -176,7 +199,11 @@ def _plain(state: StateDict, where: str) -> StateDict:
         if not t.is_floating_point():
             raise GlmcError(f"{where}: tensor {_describe(name, t)} has dtype "
                             f"{str(t.dtype).removeprefix('torch.')}; weights must be floating")
-        plain[name.removeprefix("module.")] = t
+        key = name.removeprefix("module.")
+        if key in plain:
+            raise GlmcError(f"{where}: tensors {key} and {name} are the same tensor twice; "
+                            "keep one of them")
+        plain[key] = t
     return plain
 
 
@@ -207,7 +234,19 @@ def _fold_conv_biases(state: StateDict, norm: str, names: dict[str, str],
                             "LayerNorm; glmc's convnets have no bias there")
         mean = re.sub(r"\.conv(\d?)\.bias$", r".norm\1.running_mean", name)
         if mean in out:  # (otherwise the layout check names the stray bias)
-            out[mean] = state[mean] - out.pop(name)
+            dtype = torch.promote_types(state[mean].dtype, torch.float32)  # (not in fp16)
+            out[mean] = (state[mean].double() - out.pop(name).double()).to(dtype)
+    return out
+
+
+def _identity_affine(state: StateDict) -> StateDict:
+    """A BatchNorm stored without weight and bias (``affine=False``) is one with weight 1 and
+    bias 0: both added, exactly."""
+    out = dict(state)
+    for name, mean in state.items():
+        norm = name.removesuffix("running_mean")
+        if norm != name and f"{norm}weight" not in state and f"{norm}bias" not in state:
+            out[f"{norm}weight"], out[f"{norm}bias"] = torch.ones_like(mean), torch.zeros_like(mean)
     return out
 
 
@@ -220,7 +259,7 @@ def _shape_config(arch: str, state: StateDict, norm: str, image_size: int | None
     common = {"arch": arch, "num_labels": int(head.shape[0]), "norm": norm}
     if arch == "mlp":
         first = state["layers.0.weight"]
-        channels = num_channels or 1
+        channels = num_channels or (first.shape[1] // image_size**2 if image_size else 1) or 1
         side = math.isqrt(first.shape[1] // channels)
         if side * side * channels != first.shape[1] or (image_size not in (None, side)):
             raise GlmcError(f"{where}: the first layer reads {first.shape[1]} inputs, not "
@@ -248,7 +287,8 @@ def _check_layout(config: ConvNetConfig, state: StateDict, names: dict[str, str]
     """Every tensor of ``config``'s module present with its shape, nothing else; a mismatch
     names the checkpoint's tensor."""
     expected = module_shapes(lambda: build(config))
-    shortcut = next((n for n in expected if ".shortcut." in n and n not in state), None)
+    shortcut = next((n for n in expected if n.endswith(".shortcut.conv.weight")
+                     and n not in state), None)
     if shortcut is not None:
         raise GlmcError(f"{where}: tensor {shortcut} (shape {list(expected[shortcut])}) is "
                         "missing: glmc's ResNet-20 has projection shortcuts (downsample.0/.1)")
@@ -276,8 +316,8 @@ def read_state_dict(state: StateDict, where: str, *, arch: str | None = None,
     else:
         raise GlmcError(f"unknown convnet arch {arch!r} (mlp, vgg11, vgg16, resnet20)")
     kind = _norm_kind(state, names, norm, where)
-    canonical = _fold_conv_biases({n: state[src] for n, src in names.items()}, kind, names,
-                                  where)
+    canonical = _fold_conv_biases(_identity_affine({n: state[src] for n, src in names.items()}),
+                                  kind, names, where)
     config = _shape_config(arch, canonical, kind, image_size, num_channels, where)
     _check_layout(config, canonical, names, where)
     if all(n == src for n, src in names.items()):
