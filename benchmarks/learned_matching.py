@@ -20,7 +20,7 @@ from _common import machine, write_json
 from torch.func import functional_call
 from transformers import GPT2Config
 
-from glmc.families.importers import IMPORTERS
+from glmc.families import IMPORTERS
 from glmc.matching.learned import Latents, PathModel, task_loss
 from glmc.matching.weight import weight_matching
 

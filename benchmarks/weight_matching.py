@@ -33,7 +33,7 @@ def run_one(name: str, iters: int, tol: float, residual: str) -> dict:
     import torch
     from transformers import GPT2Config
 
-    from glmc.families.importers import IMPORTERS
+    from glmc.families import IMPORTERS
     from glmc.matching.weight import WeightMatchingOptions, weight_matching
 
     torch.set_num_threads(int(os.environ.get("GLMC_THREADS", os.cpu_count() or 1)))

@@ -23,8 +23,9 @@ from transformers import GPT2Config, ViTConfig  # noqa: E402
 from transformers.pytorch_utils import Conv1D  # noqa: E402
 
 from glmc.data._files import DATA_INSTALL  # noqa: E402
+from glmc.families import IMPORTERS
 from glmc.families.convnet import ConvNetConfig, build  # noqa: E402
-from glmc.families.importers import IMPORTERS, Importer  # noqa: E402
+from glmc.families.importers import Importer  # noqa: E402
 from glmc.model import CanonicalModel  # noqa: E402
 from glmc.verify import random_inputs  # noqa: E402
 

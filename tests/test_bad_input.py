@@ -363,9 +363,9 @@ CASES: dict[str, Case] = {
         nothing, "verify {a} {vit}", "{a} vs {vit}: models differ in task"),
     "different-widths": Case(
         other_model(d=32), "merge {a} {b} -o {out}",
-        "tensor embed.tok: shape [37, 16] in A, [37, 32] in B"),
+        "the models differ in n_embd (16 in A, 32 in B)"),
     "different-depths": Case(other_model(n_layer=2), "barrier {a} {b} --data {text}",
-                             "model B has tensor blocks.1.attn.k.bias that A lacks"),
+                             "the models differ in n_layer (1 in A, 2 in B)"),
     "different-vocabularies": Case(
         other_model(vocab=VOCAB + 1), "align {a} {b} -o {out}",
         f"{{a}} vs {{b}}: models differ in vocab_size ({VOCAB} vs {VOCAB + 1})"),

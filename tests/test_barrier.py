@@ -279,9 +279,9 @@ def test_none_needs_stock_weights(h, lm_pair, tmp_path, capsys):
     with pytest.raises(GlmcError, match=r"model B is a model in memory.*use canonical"):
         run_barrier(a, canonical_b, text, methods=("weight", "none"))
     with pytest.raises(GlmcError, match=r"model B is a model in memory.*use canonical"):
-        glmc.merge(a, canonical_b, align_method="none")
+        glmc.merge(a, canonical_b, method="none")
     with pytest.raises(GlmcError, match=r"heads='circuit' does not apply"):
-        glmc.merge(a, b, align_method="none", heads="circuit")
+        glmc.merge(a, b, method="none", heads="circuit")
     for argv in (["barrier", a, glmc_b, "--data", text, "--align", "none"],
                  ["merge", a, glmc_b, "-o", tmp_path / "m", "--align", "none"]):
         assert main([str(x) for x in argv]) == 2
@@ -291,7 +291,7 @@ def test_none_needs_stock_weights(h, lm_pair, tmp_path, capsys):
     assert not (tmp_path / "m").exists()
     report = run_barrier(a, glmc_b, text, methods=("canonical",), points=3)
     assert report.methods["canonical"].loss_b == pytest.approx(evaluate(b, text).loss, rel=1e-6)
-    merged, _ = glmc.merge(a, canonical_b, align_method="canonical")
+    merged, _ = glmc.merge(a, canonical_b, method="canonical")
     torch.testing.assert_close(merged.state["embed.tok"], 0.5 * (
         load_model(a).canonical.state["embed.tok"] + canonical_b.state["embed.tok"]))
 

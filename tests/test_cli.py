@@ -18,7 +18,6 @@ from transformers.utils import logging as hf_logging
 
 import glmc
 from glmc.cli.main import COMMANDS, main
-from glmc.defaults import ALIGN_METHODS, METHOD_NAMES
 from glmc.families.transformer.circuit import to_circuit
 from glmc.io.folders import load_model, write_model
 from glmc.symmetry.groups import Permutation
@@ -132,11 +131,16 @@ def test_help_and_version_do_not_import_torch():
     assert run.stdout.splitlines()[-1] == "[]"
 
 
-def test_help_lists_every_barrier_method():
-    from glmc.barrier import METHODS
+def test_help_lists_every_registered_method(cli):
+    """The commands' help and choices come from the one registry (glmc.methods, torch-free)."""
+    from glmc.methods import METHODS
 
-    assert tuple(METHODS) == METHOD_NAMES  # (the help's list, kept torch-free in glmc.defaults)
-    assert tuple(n for n, m in METHODS.items() if m.transform) == ALIGN_METHODS
+    _, barrier_help, _ = cli("barrier", "--help")
+    for name in METHODS:
+        assert name in " ".join(barrier_help.split()), name
+    for name, method in METHODS.items():  # (align takes the methods that move B)
+        rc, _, err = cli("align", "a", "b", "-o", "out", "--align", name)
+        assert ("invalid choice" in err) != method.transform, (name, rc, err)
 
 
 # -- verify --------------------------------------------------------------------------------
@@ -447,12 +451,12 @@ def test_different_interfaces_are_rejected(h, cli, tmp_path):
     assert rc == 2 and "vocab_size (50 vs 40)" in err and "Traceback" not in err
 
 
-def test_different_sizes_are_rejected_naming_the_tensor(h, cli, tmp_path):
+def test_different_sizes_are_rejected_in_the_configs_terms(h, cli, tmp_path):
     a = save(h.make_tiny("gpt2", n_inner=64), tmp_path / "a")
     b = save(h.make_tiny("gpt2", n_inner=128), tmp_path / "b")
     rc, _, err = cli("align", a, b, "-o", tmp_path / "out")
     assert rc == 2 and "Traceback" not in err
-    assert "blocks.0.mlp.fc.weight: shape [64, 32] in A, [128, 32] in B" in err
+    assert "the models differ in n_inner (64 in A, 128 in B)" in err
 
 
 # -- interruption --------------------------------------------------------------------------

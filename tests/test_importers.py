@@ -10,7 +10,8 @@ from transformers import GPT2LMHeadModel, ViTForImageClassification
 from transformers.utils import logging as hf_logging
 
 from glmc.errors import GlmcError
-from glmc.families.importers import IMPORTERS, NotRepresentable, importer_for
+from glmc.families import IMPORTERS, importer_for
+from glmc.families.importers import NotRepresentable
 from glmc.families.transformer.circuit import to_circuit
 from glmc.io.folders import load_model, write_model
 from glmc.symmetry.transform import Transform

@@ -13,7 +13,7 @@ from transformers import GPT2Config
 
 from glmc.api import interpolate
 from glmc.data.text import text_dataset
-from glmc.families.importers import IMPORTERS
+from glmc.families import IMPORTERS
 from glmc.matching.learned import LearnedMatchingOptions, learned_matching, task_loss
 from glmc.matching.weight import WeightMatchingOptions, weight_matching
 from glmc.symmetry.groups import Matrix, Permutation
@@ -263,7 +263,7 @@ def test_cli_learned_needs_data(planted, tmp_path, capsys):
         (tmp_path / name).mkdir()
         write_model(tmp_path / name, m)
     code = main(["align", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / "o"),
-                 "--method", "learned"])
+                 "--align", "learned"])
     assert code == 2
     assert "give --data" in capsys.readouterr().err
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 import glmc.api
-import glmc.methods
+import glmc.methods.options
 from glmc.cli.main import main
 from glmc.families.convnet import ConvNetConfig, build
 from glmc.matching.options import LearnedMatchingOptions
@@ -40,7 +40,7 @@ def test_readme_python_runs(h, tmp_path, monkeypatch):
     # (a plain ResNet-20 state dict, as a CIFAR repository's torch.save writes one)
     config = ConvNetConfig("resnet20", image_size=32, num_channels=3, num_labels=10, base=4)
     torch.save(build(config).state_dict(), "resnet20.pt")
-    monkeypatch.setattr(glmc.methods, "LearnedMatchingOptions",
+    monkeypatch.setattr(glmc.methods.options, "LearnedMatchingOptions",
                         functools.partial(LearnedMatchingOptions, steps=8, eval_every=4))
     names: dict = {}
     for block in python_blocks():

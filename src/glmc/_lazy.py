@@ -35,3 +35,9 @@ def lazy_exports(
         return sorted(set(namespace) | set(exports))
 
     return __getattr__, __dir__
+
+
+def resolve(impl: str) -> Any:
+    """The attribute named by ``"package.module:attribute"``, imported now."""
+    module, _, attr = impl.partition(":")
+    return getattr(importlib.import_module(module), attr)

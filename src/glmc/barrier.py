@@ -35,13 +35,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from glmc.api import (
-    Alignment,
-    StockPair,
-    canonical,
-    load,
-    stock_pair,
-)
 from glmc.correction import check_correction, correct, statistics_note
 from glmc.data import Dataset, TextDataset, Tokenizer
 from glmc.errors import GlmcError
@@ -55,15 +48,18 @@ from glmc.evaluate import (
     load_pair_data,
     resolve_device,
 )
+from glmc.io.folders import canonical, load_model
 from glmc.methods import (  # (the registry lives in glmc.methods; re-exported here)
     METHODS,
+    Alignment,
     AlignOptions,
     Method,
     get_method,
     register_method,
     statistics_batches,
 )
-from glmc.model import CanonicalModel
+from glmc.model import CanonicalModel, check_pair
+from glmc.pair import StockPair, stock_pair
 from glmc.tasks import TASKS
 
 # -- the arithmetic -----------------------------------------------------------------------
@@ -155,7 +151,7 @@ class MethodResult:
         loss_barrier, acc_barrier: see :func:`barrier` (acc_barrier None for language models).
         loss_barrier_lambda, acc_barrier_lambda: where the maximum sits.
         align_seconds, eval_seconds: wall time of the alignment and of the evaluations.
-        alignment: the :class:`glmc.api.Alignment` (transform, weight matching's trace,
+        alignment: the :class:`glmc.methods.Alignment` (transform, weight matching's trace,
             learned matching's log) when the method aligned B; None otherwise.
     """
 
@@ -303,13 +299,12 @@ class _Prepared:
 def _prepare(a: Any, b: Any, data: str | Path | Dataset, methods: Sequence[str], split: str,
              context: int | None, tokenizer: str | Tokenizer | None,
              data_seed: int | None) -> _Prepared:
-    from glmc.matching.weight import check_pair
     from glmc.verify import same_interface
 
     if not methods:
         raise GlmcError("give at least one alignment method")
     needs_stock = any([get_method(name).stock for name in methods])  # (each name checked)
-    a, b = (load(m) if isinstance(m, (str, Path)) else m for m in (a, b))
+    a, b = (load_model(m) if isinstance(m, (str, Path)) else m for m in (a, b))
     ma, mb = canonical(a), canonical(b)
     needs_stock = needs_stock and not ma.family.canonical_is_stock
     where = f"{_describe(a)} vs {_describe(b)}"

@@ -12,12 +12,5 @@ DEFAULT_IMAGE_BATCH = 250
 #: Default logits budget per text batch (batch x context x vocab floats).
 TEXT_LOGITS_BUDGET = 2**25
 
-#: The alignment methods that :mod:`glmc.methods` registers, in its order (a test keeps the two
-#: equal); :func:`glmc.methods.register_method` may add more from Python.
-METHOD_NAMES: tuple[str, ...] = ("none", "canonical", "weight", "weight-perm", "activation",
-                                 "learned", "learned-perm")
-#: The methods that move B by a transform (what ``glmc align`` takes; merge and barrier take
-#: every method). Both lists are the registry's (glmc.methods), kept torch-free here.
-ALIGN_METHODS: tuple[str, ...] = METHOD_NAMES[2:]
 #: Corrections of the merged statistics (:mod:`glmc.correction`).
 CORRECTIONS: tuple[str, ...] = ("none", "reset", "repair")

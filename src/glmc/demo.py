@@ -29,7 +29,7 @@ from pathlib import Path
 from glmc.barrier import AlignOptions, BarrierReport, barrier_batches, run_barrier
 from glmc.data import load_dataset
 from glmc.evaluate import Evaluator
-from glmc.families import arch_named
+from glmc.families.registry import arch_named
 from glmc.findings import IterationStudy, learned_moves, wm_iterations
 from glmc.io.atomic import write_text
 from glmc.io.folders import write_json

@@ -23,7 +23,6 @@ clear :class:`~glmc.errors.GlmcError`.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,16 +42,18 @@ from glmc.data import (
     load_tokenizer,
     tokenizer_from_json,
 )
+from glmc.data.batches import fixed_batches
 from glmc.data.splits import check_split
 from glmc.defaults import DEFAULT_TEXT_TOKENS
 from glmc.errors import GlmcError, reason
-from glmc.families import family_of
+from glmc.families.registry import family_of
+from glmc.io.folders import canonical
 from glmc.tasks import task_of
+from glmc.tensors import StateDict, interpolate
 
 if TYPE_CHECKING:
     from glmc.model import CanonicalModel
 
-StateDict = dict[str, torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -289,45 +290,6 @@ def default_batch_size(config: Any, context: int | None) -> int:
     return task_of(config).default_batch_size(config, context)
 
 
-def fixed_batches(
-    dataset: Dataset,
-    split: str,
-    *,
-    batch_size: int,
-    context: int | None = None,
-    max_batches: int | None = None,
-) -> list[Batch]:
-    """The evaluation batches, materialised once so every λ sees exactly the same data.
-
-    Args:
-        dataset: a text or image dataset.
-        split: ``train``, ``val`` or ``test``.
-        batch_size: windows (text) or images per batch.
-        context: window length for text (ignored for images).
-        max_batches: keep at most this many batches; None: the whole split for images, and
-            for text the first ``DEFAULT_TEXT_TOKENS`` tokens (rounded up to whole batches);
-            0: the whole split.
-
-    Returns:
-        ``[(x, y), ...]``: text ``(b, T)`` ids and ``(b, T)`` targets; images ``(b, C, H, W)``
-        and ``(b,)`` labels.
-    """
-    if batch_size < 1:
-        raise GlmcError(f"batch size must be at least 1, got {batch_size}")
-    if max_batches is not None and max_batches < 0:
-        raise GlmcError(f"max batches must be >= 0, got {max_batches}")
-    if max_batches is None and isinstance(dataset, TextDataset):
-        max_batches = math.ceil(DEFAULT_TEXT_TOKENS / (batch_size * (context or 1)))
-    batches = []
-    for batch in dataset.eval_batches(split, batch_size, context):
-        if max_batches and len(batches) >= max_batches:
-            break
-        batches.append(batch)
-    if not batches:
-        raise GlmcError(f"dataset '{dataset.name}': nothing to evaluate in the {split} split")
-    return batches
-
-
 # -- evaluation ---------------------------------------------------------------------------
 
 
@@ -346,8 +308,6 @@ class LinePath:
     b: CanonicalModel
 
     def model_at(self, lam: float) -> CanonicalModel:
-        from glmc.api import interpolate
-
         return self.a.with_state(interpolate(self.a.state, self.b.state, lam))
 
 
@@ -508,8 +468,6 @@ def evaluate(
     See :func:`fixed_batches` for ``max_batches``; text is read with the model's tokenizer
     (or ``tokenizer``, see :func:`load_eval_data`).
     """
-    from glmc.api import canonical
-
     m = canonical(model)
     ds = load_eval_data(data, m.config, folders=[m], tokenizer=tokenizer, seed=seed)
     context = check_data_fits(m.config, ds, split=split, context=context)

@@ -17,13 +17,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from glmc.api import interpolate
 from glmc.evaluate import Evaluator
 from glmc.matching.learned import LearnedResult
 from glmc.matching.options import WeightMatchingOptions
 from glmc.matching.weight import weight_matching
 from glmc.model import CanonicalModel
 from glmc.symmetry.transform import Transform
+from glmc.tensors import interpolate
 
 
 @dataclass

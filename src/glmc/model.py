@@ -13,8 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from glmc.errors import GlmcError
+from glmc.families.registry import family_of
 from glmc.symmetry.spec import SymmetrySpec
-from glmc.symmetry.transform import StateDict, Transform
+from glmc.symmetry.transform import Transform
+from glmc.tensors import StateDict
 
 
 @dataclass
@@ -32,9 +35,8 @@ class CanonicalModel:
     files: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
-    def family(self):  # -> glmc.families.Family (imported late: families import this module)
-        from glmc.families import family_of
-
+    def family(self) -> Any:
+        """Its :class:`~glmc.families.base.Family` (which builds the module, gives the spec)."""
         return family_of(self.config)
 
     @property
@@ -77,3 +79,31 @@ class CanonicalModel:
 
     def n_params(self) -> int:
         return sum(v.numel() for v in self.state.values())
+
+
+def check_pair(a: CanonicalModel, b: CanonicalModel, where: str = "") -> None:
+    """Same parameters with the same shapes, all finite; else one GlmcError, in the models'
+    own terms where their configs differ (``n_layer 2 in A, 3 in B``) and else naming the
+    tensor. ``where``: how to name the pair (e.g. "runs/a vs runs/b")."""
+    at = f"{where}: " if where else ""
+    mismatch = (set(a.state) != set(b.state)
+                or any(ta.shape != b.state[n].shape for n, ta in a.state.items()))
+    if mismatch:
+        diff = a.config.differences(b.config) if type(a.config) is type(b.config) else []
+        if diff:
+            raise GlmcError(f"{at}the models differ in {', '.join(diff)} (aligning models of "
+                            "different shapes is not supported)")
+    for name, ta in a.state.items():
+        if name not in b.state:
+            raise GlmcError(f"{at}model B lacks tensor {name} (shape {list(ta.shape)} in A)")
+        if ta.shape != b.state[name].shape:
+            raise GlmcError(f"{at}tensor {name}: shape {list(ta.shape)} in A, "
+                            f"{list(b.state[name].shape)} in B (different sizes are not "
+                            "supported yet)")
+    extra = sorted(set(b.state) - set(a.state))
+    if extra:
+        raise GlmcError(f"{at}model B has tensor {extra[0]} that A lacks")
+    for who, m in (("A", a), ("B", b)):
+        for name, t in m.state.items():
+            if not bool(torch.isfinite(t).all()):
+                raise GlmcError(f"{at}model {who}: tensor {name} contains NaN or Inf")

@@ -19,7 +19,7 @@ from glmc.cli.options import (
     check_at_least,
     learned_options,
 )
-from glmc.defaults import ALIGN_METHODS
+from glmc.methods import aligning_methods
 
 if TYPE_CHECKING:  # (torch and the library load when a command runs: --help stays fast)
     import torch
@@ -135,13 +135,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("a", help="reference model folder (Hugging Face or glmc)")
     p.add_argument("b", help="model folder to align to A")
     add_out(p, "output folder (written atomically)")
-    p.add_argument("--align", "--method", dest="align", metavar="METHOD",
-                   choices=ALIGN_METHODS, default="weight",
+    p.add_argument("--align", metavar="METHOD", choices=aligning_methods(), default="weight",
                    help="weight: data-free weight matching; activation: units paired by the "
                    "correlation of their activations on --data (permutation symmetries only); "
                    "learned: weight matching, then learned matching on --data; weight-perm, "
                    "learned-perm: the same with a permutation-only residual map (the names "
-                   "merge and barrier take; --method is its old name)")
+                   "merge and barrier take)")
     p.add_argument("--data", help="training data for activation or learned matching (name or "
                    "path)")
     add_tokenizer(p)

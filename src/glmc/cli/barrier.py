@@ -18,7 +18,8 @@ from glmc.cli.options import (
     check_at_least,
 )
 from glmc.data.catalog import DATASETS
-from glmc.defaults import DEFAULT_IMAGE_BATCH, DEFAULT_TEXT_TOKENS, METHOD_NAMES, TEXT_LOGITS_BUDGET
+from glmc.defaults import DEFAULT_IMAGE_BATCH, DEFAULT_TEXT_TOKENS, TEXT_LOGITS_BUDGET
+from glmc.methods import METHODS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -42,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "folder; text is encoded with the models' glmc_tokenizer.json")
     p.add_argument("--align", action="append", metavar="METHOD", dest="methods",
                    help="alignment method, repeatable (available: "
-                   f"{', '.join(METHOD_NAMES)}; default: {' and '.join(DEFAULT_METHODS)}). "
+                   f"{', '.join(METHODS)}; default: {' and '.join(DEFAULT_METHODS)}). "
                    "none: the paper's vanilla average of the stock weights as loaded (Hugging "
                    "Face folders); canonical: averaging in canonical coordinates (after the "
                    "exact RMSNorm rewrite), no alignment")

@@ -8,7 +8,7 @@ import sys
 from glmc.cli.common import add_json, emit_json
 from glmc.cli.main import add_command
 from glmc.cli.options import check_at_least
-from glmc.defaults import METHOD_NAMES
+from glmc.methods import METHODS as ALL_METHODS
 
 #: What the cache may grow by: four models, each with a checkpoint in flight (the full
 #: demo's models have about 0.6M parameters; --quick's about 30k).
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache", default="glmc-cache",
                    help="trained models are kept here and reused by later runs")
     p.add_argument("--align", action="append", metavar="METHOD", dest="methods",
-                   help=f"alignment methods, repeatable (available: {', '.join(METHOD_NAMES)}; "
+                   help=f"alignment methods, repeatable (available: {', '.join(ALL_METHODS)}; "
                    "default: all)")
     p.add_argument("--points", type=int, default=11, help="λ grid size")
     p.add_argument("--learned-steps", type=int, default=None,

@@ -15,8 +15,8 @@ from glmc.cli.options import (
     add_tokenizer,
     alignment_options,
 )
-from glmc.defaults import METHOD_NAMES
 from glmc.errors import GlmcError
+from glmc.methods import METHODS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("b", help="model folder B (alpha = 0)")
     add_out(p, "output folder (written atomically)")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of model A")
-    p.add_argument("--align", choices=METHOD_NAMES, default="weight",
+    p.add_argument("--align", choices=tuple(METHODS), default="weight",
                    help="how to align B to A before averaging. none: no alignment, the "
                    "paper's vanilla average of the stock weights as loaded (Hugging Face "
                    "folders; written as is in the stock class); canonical: no alignment, "
@@ -73,7 +73,7 @@ def _run(args: argparse.Namespace) -> int:
     with alignment_progress(args) as callbacks:
         options = alignment_options(args, getattr(a.canonical.config, "vocab_size", None),
                                     **callbacks)
-        out = merge_pair(a, b, alpha=args.alpha, align_method=args.align, options=options)
+        out = merge_pair(a, b, alpha=args.alpha, method=args.align, options=options)
     if not is_main():
         return 0
     report = out.save(args.out, force=args.force, stock=not args.no_stock,

@@ -17,6 +17,7 @@ from glmc._lazy import lazy_exports
 # Loaded on first use: glmc.data.catalog (the names, for the command line) stays torch-free.
 _EXPORTS = {
     "DATASETS": "glmc.data.catalog",
+    "fixed_batches": "glmc.data.batches",
     **dict.fromkeys(("Dataset", "load_dataset"), "glmc.data.registry"),
     **dict.fromkeys(("check_images_fit", "check_text_fits"), "glmc.data.checks"),
     "ImageDataset": "glmc.data.images",

@@ -18,13 +18,19 @@ import torch
 from torch import nn
 
 from glmc.symmetry.spec import SymmetrySpec
+from glmc.tensors import StateDict
 
 if TYPE_CHECKING:
     from glmc.data import Dataset
     from glmc.model import CanonicalModel
     from glmc.training.options import TrainConfig
 
-StateDict = dict[str, torch.Tensor]
+
+
+#: Keys of a stock config that say nothing of the model's shape or function.
+METADATA_KEYS = frozenset({"_name_or_path", "architectures", "transformers_version",
+                           "torch_dtype", "dtype", "_commit_hash", "id2label", "label2id",
+                           "output_attentions", "output_hidden_states", "return_dict"})
 
 
 def module_shapes(build: Callable[[], nn.Module]) -> dict[str, tuple[int, ...]]:
@@ -75,6 +81,22 @@ class ModelConfig:
     def describe(self) -> str:
         """The model in a few words, for messages."""
         return f"a {self.family} model"
+
+    def differences(self, other: Any) -> list[str]:
+        """The fields in which ``other`` (a config of the same class) differs, in words
+        (``"n_layer (2 in A, 3 in B)"``): the stock configs' own fields where both models came
+        from one (the user's terms), else the canonical ones."""
+        mine, theirs = (c.source.get("config") if isinstance(getattr(c, "source", None), dict)
+                        else None for c in (self, other))
+        if not (isinstance(mine, dict) and isinstance(theirs, dict)):
+            skip = {"source"}
+            mine, theirs = dataclasses.asdict(self), dataclasses.asdict(other)  # type: ignore
+        else:
+            skip = METADATA_KEYS
+        return [f"{k} ({mine.get(k)} in A, {theirs.get(k)} in B)"
+                for k in sorted(set(mine) | set(theirs))
+                if k not in skip and mine.get(k) != theirs.get(k)]
+
 
     @classmethod
     def from_json(cls, d: dict) -> Any:

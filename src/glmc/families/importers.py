@@ -1,16 +1,17 @@
-"""The importer interface and registry."""
+"""The importer interface: one stock architecture (a transformers class) to and from canonical
+form."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
-from glmc.errors import GlmcError
-from glmc.model import CanonicalModel
+from glmc.tensors import StateDict
 
-StateDict = dict[str, torch.Tensor]
+if TYPE_CHECKING:
+    from glmc.model import CanonicalModel
 
 
 class NotRepresentable(Exception):
@@ -20,12 +21,12 @@ class NotRepresentable(Exception):
 class Importer:
     """Converts one stock architecture (a transformers class) to and from canonical form.
 
-    Subclasses set ``model_types`` (transformers' ``config.model_type`` values) and implement
-    ``stock_model``, ``to_canonical`` and ``to_stock``.
+    Subclasses implement ``stock_model``, ``to_canonical`` and ``to_stock``; a family's
+    package declares which transformers ``config.model_type`` values each reads
+    (:func:`glmc.families.registry.declare_importer`).
     """
 
     name: ClassVar[str]
-    model_types: ClassVar[tuple[str, ...]]
 
     def config_class(self) -> type:
         raise NotImplementedError
@@ -57,21 +58,3 @@ class Importer:
     def stock_logits(self, stock: nn.Module, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-
-IMPORTERS: dict[str, Importer] = {}
-
-
-def register(cls: type[Importer]) -> type[Importer]:
-    inst = cls()
-    for t in cls.model_types:
-        IMPORTERS[t] = inst
-    return cls
-
-
-def importer_for(model_type: str, where: str = "") -> Importer:
-    if model_type not in IMPORTERS:
-        supported = ", ".join(sorted(IMPORTERS))
-        raise GlmcError(
-            f"{where}: unsupported architecture {model_type!r} (supported: {supported})"
-        )
-    return IMPORTERS[model_type]

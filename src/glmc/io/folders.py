@@ -20,15 +20,15 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from glmc.errors import GlmcError, reason
-from glmc.families import family_named
 from glmc.families.base import check_shapes, module_shapes
-from glmc.families.importers import Importer, NotRepresentable, importer_for
+from glmc.families.importers import Importer, NotRepresentable
+from glmc.families.registry import family_named, importer_for
 from glmc.io.atomic import atomic_dir, atomic_path
 from glmc.io.outputs import output_errors
 from glmc.model import CanonicalModel
+from glmc.tensors import StateDict
 
 GLMC_FORMAT = 1
-StateDict = dict[str, torch.Tensor]
 #: The report and the transform written beside an output model's weights.
 REPORT = "glmc_report.json"
 TRANSFORM = "transform.safetensors"
@@ -193,6 +193,24 @@ def read_side_files(folder: Path) -> dict[str, str]:
             except (OSError, UnicodeDecodeError) as e:
                 raise GlmcError(f"{path}: cannot read ({e})") from None
     return files
+
+
+#: What the library takes for a model: one in memory, a loaded folder, or a folder's path.
+ModelLike = CanonicalModel | LoadedModel | str | Path
+
+
+def canonical(model: ModelLike) -> CanonicalModel:
+    """The canonical form of ``model`` (a folder's path is loaded)."""
+    if isinstance(model, (str, Path)):
+        model = load_model(model)
+    return model.canonical if isinstance(model, LoadedModel) else model
+
+
+def name_of(model: Any, default: str) -> str:
+    """A model's folder for messages and reports (``default`` for one made in memory)."""
+    if isinstance(model, LoadedModel):
+        return str(model.path)
+    return str(model) if isinstance(model, (str, Path)) else default
 
 
 # -- writing ------------------------------------------------------------------------------

@@ -42,8 +42,7 @@ from glmc.model import CanonicalModel
 from glmc.symmetry.groups import BlockMatrix, Element, Group, Matrix, Permutation
 from glmc.symmetry.spec import SymmetrySpec
 from glmc.symmetry.transform import Transform, apply_axes
-
-StateDict = dict[str, torch.Tensor]
+from glmc.tensors import StateDict
 
 
 @dataclass

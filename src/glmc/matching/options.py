@@ -9,6 +9,9 @@ from typing import Any
 
 from glmc.errors import GlmcError
 
+#: The residual stream's group: orthogonal, its permutations (the paper's ablation), or none
+#: (the stream left as it is).
+RESIDUALS = ("orthogonal", "permutation", "none")
 WEIGHTINGS = ("tensor", "layer", "none")
 UNIT_COSTS = ("angle", "distance")
 INNER = ("invertible", "orthogonal", "permutation")
@@ -55,8 +58,7 @@ class WeightMatchingOptions:
     row_masks: dict[str, tuple[int, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for value, choices, what in ((self.residual, ("orthogonal", "permutation", "none"),
-                                      "residual mode"),
+        for value, choices, what in ((self.residual, RESIDUALS, "residual mode"),
                                      (self.weighting, WEIGHTINGS, "weighting"),
                                      (self.unit_cost, UNIT_COSTS, "unit cost"),
                                      (self.init, INITS, "init")):
@@ -113,7 +115,7 @@ class LearnedMatchingOptions:
             (self.patience >= 0, f"patience must be at least 0, got {self.patience}"),
             (self.checkpoint_every >= 0,
              f"checkpoint-every must be at least 0, got {self.checkpoint_every}"),
-            (self.residual in ("orthogonal", "permutation", "none"),
+            (self.residual in RESIDUALS,
              f"unknown residual mode {self.residual!r}"),
             (len(self.eval_lambdas) >= 1
              and all(0.0 <= lam <= 1.0 for lam in self.eval_lambdas),

@@ -21,37 +21,14 @@ import torch
 from glmc.errors import GlmcError
 from glmc.matching.options import WEIGHTINGS, WeightMatchingOptions
 from glmc.matching.solvers import assignment, balancing_map, polar
-from glmc.model import CanonicalModel
+from glmc.model import CanonicalModel, check_pair
 from glmc.symmetry.groups import BlockMatrix, Element, Group, PermutationGroup
 from glmc.symmetry.spec import SymmetrySpec
 from glmc.symmetry.transform import apply_axes, nested_pairs
-
-StateDict = dict[str, torch.Tensor]
+from glmc.tensors import StateDict, axis_first
 
 __all__ = ["UNIT_STEPS", "WEIGHTINGS", "Problem", "WeightMatchingOptions", "check_pair",
            "cross", "propose_heads", "propose_permutation", "propose_unit"]
-
-
-def check_pair(a: CanonicalModel, b: CanonicalModel, where: str = "") -> None:
-    """Same parameters with the same shapes, all finite (clear errors otherwise).
-
-    where: how to name the pair in messages (e.g. "runs/a vs runs/b").
-    """
-    at = f"{where}: " if where else ""
-    for name, ta in a.state.items():
-        if name not in b.state:
-            raise GlmcError(f"{at}model B lacks tensor {name} (shape {list(ta.shape)} in A)")
-        if ta.shape != b.state[name].shape:
-            raise GlmcError(f"{at}tensor {name}: shape {list(ta.shape)} in A, "
-                            f"{list(b.state[name].shape)} in B (different sizes are not "
-                            "supported yet)")
-    extra = sorted(set(b.state) - set(a.state))
-    if extra:
-        raise GlmcError(f"{at}model B has tensor {extra[0]} that A lacks")
-    for who, m in (("A", a), ("B", b)):
-        for name, t in m.state.items():
-            if not bool(torch.isfinite(t).all()):
-                raise GlmcError(f"{at}model {who}: tensor {name} contains NaN or Inf")
 
 
 def tensor_weights(spec: SymmetrySpec, state: StateDict, scheme: str,
@@ -86,11 +63,6 @@ class Bundle:
     space: str
     xs: list[tuple[str, int]]
     ys: list[tuple[str, int]]
-
-
-def axis_first(t: torch.Tensor, axis: int) -> torch.Tensor:
-    """(t.shape[axis], rest): a view where the layout allows (a 2-D tensor's transpose)."""
-    return t.movedim(axis, 0).reshape(t.shape[axis], -1)
 
 
 def cross_sum(pairs: list[tuple[torch.Tensor, torch.Tensor]],

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from glmc.matching.problem import Problem, StateDict, axis_first
+from glmc.matching.problem import Problem
 from glmc.symmetry.groups import Element, Matrix, Permutation, ones_complement_basis
 from glmc.symmetry.transform import apply_axes
+from glmc.tensors import StateDict, axis_first
 
 
 def residual_cross(prob: Problem, space: str, bt: StateDict) -> torch.Tensor:

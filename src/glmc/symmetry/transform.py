@@ -14,8 +14,7 @@ from glmc.errors import GlmcError, reason
 from glmc.io.atomic import atomic_path
 from glmc.symmetry.groups import BlockMatrix, Element, element_from_tensors, element_meta
 from glmc.symmetry.spec import SymmetrySpec
-
-StateDict = dict[str, torch.Tensor]
+from glmc.tensors import StateDict
 
 
 def apply_axes(

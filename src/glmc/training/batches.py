@@ -11,7 +11,7 @@ from torch import nn
 
 from glmc.data import Dataset, TextDataset
 from glmc.errors import GlmcError
-from glmc.families import arch_named
+from glmc.families.registry import arch_named
 from glmc.training.options import TrainConfig
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from glmc.data import Dataset, ImageDataset, TextDataset
 from glmc.errors import GlmcError
-from glmc.families import arch_named
 from glmc.families.base import Arch
+from glmc.families.registry import arch_named
 from glmc.tasks import TASKS
 from glmc.training.options import ARCHS, RUNTIME_FIELDS, TrainConfig
 
@@ -48,7 +48,7 @@ def load_training_data(cfg: TrainConfig) -> Dataset:
 
 
 def _others(text: bool) -> str:
-    from glmc.families import ARCHS as REGISTERED
+    from glmc.families.registry import ARCHS as REGISTERED
 
     return ", ".join(f"--arch {a.name}" for a in REGISTERED.values() if TASKS[a.task].text == text)
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from glmc.data import Dataset
 from glmc.errors import GlmcError
-from glmc.families import arch_named
+from glmc.families.registry import arch_named
 from glmc.io.folders import TRAIN_FILE
 from glmc.training.config import check_fits
 from glmc.training.options import TrainConfig

@@ -1,89 +1,40 @@
 """The convnet family: Git Re-Basin's MLP, VGG-11/16 and ResNet-20, whose hidden units
 and channels carry permutation symmetries (BatchNorm, a channel LayerNorm or no norm).
 
+- ``family``: the family (:class:`ConvNetFamily`: probes, plain state dicts);
 - ``config``: :class:`ConvNetConfig`; ``modules``: the modules and ``build``;
 - ``spec``: their symmetry spec; ``layouts``: plain state dicts read by name (torchvision's
-  names); ``train``: the architectures ``glmc train`` trains
-  (``mlp``, ``vgg11``, ``vgg16``, ``resnet20``).
+  names); ``train``: the architectures ``glmc train`` trains.
+
+This module only declares them (torch-free); each loads on first use.
 """
 
-from __future__ import annotations
+from glmc._lazy import lazy_exports
+from glmc.families.registry import declare_arch, declare_family
 
-from typing import Any
+_HERE = "glmc.families.convnet"
 
-from torch import nn
+_DECLARED = (  # (arch, class in .train, help)
+    ("mlp", "MLPArch", "MLP (3 x 512*width ReLU units) on images"),
+    ("vgg11", "VGG11Arch", "VGG-11 (channels base*width*[1,2,4,8,8], --norm) on images"),
+    ("vgg16", "VGG16Arch", "VGG-16 (channels base*width*[1,2,4,8,8], --norm) on images"),
+    ("resnet20", "ResNet20Arch", "ResNet-20 (channels base*width*[1,2,4], --norm) on images"),
+)
+#: The convnet architectures (``ConvNetConfig.arch``, ``glmc train --arch``).
+ARCHS: tuple[str, ...] = tuple(name for name, _, _ in _DECLARED)
+#: Their norms (``ConvNetConfig.norm``, ``glmc train --norm``).
+NORMS: tuple[str, ...] = ("batch", "layer", "none")
 
-from glmc.families import register_family
-from glmc.families.base import Family, Probe, StateDict
-from glmc.families.convnet.config import ARCHS, ConvNetConfig
-from glmc.families.convnet.layouts import read_state_dict, to_torchvision
-from glmc.families.convnet.modules import RESNET_BLOCKS, build, resnet_channels
-from glmc.families.convnet.spec import convnet_spec
-from glmc.model import CanonicalModel
-from glmc.symmetry.spec import SymmetrySpec
+declare_family("convnet", f"{_HERE}.family:ConvNetFamily")
+for _name, _class, _help in _DECLARED:
+    declare_arch(_name, task="image_classifier", help=_help, impl=f"{_HERE}.train:{_class}")
 
-
-def _probe(config: ConvNetConfig, conv: str, norm: str, space: str,
-           activation: str | None = "relu") -> Probe:
-    """Observe ``space`` after the norm, or after the conv/linear where there is none;
-    the affine is whichever of them writes the observed output last; ``activation``: the
-    ReLU that follows it (None where the output is first added to a residual stream)."""
-    at = conv if config.norm == "none" else norm
-    return Probe(at, space, (f"{at}.weight", f"{at}.bias"), activation)
-
-
-def convnet_probes(config: ConvNetConfig) -> list[Probe]:
-    """Where each space's units show (a tied ResNet stream at every writer: several)."""
-    if config.arch == "mlp":
-        return [Probe(f"layers.{i}", f"layers.{i}", (f"layers.{i}.weight", f"layers.{i}.bias"),
-                      "relu") for i in range(config.depth)]
-    spec = convnet_spec(config)
-    if config.arch != "resnet20":
-        return [_probe(config, f"{s}.conv", f"{s}.norm", s) for s in spec.spaces]
-    probes = [_probe(config, "stem.conv", "stem.norm", "stages.0")]
-    for s in range(len(resnet_channels(config))):
-        stream = f"stages.{s}"
-        for b in range(RESNET_BLOCKS):
-            blk = f"{stream}.{b}"
-            probes.append(_probe(config, f"{blk}.conv1", f"{blk}.norm1", f"{blk}.conv1"))
-            probes.append(_probe(config, f"{blk}.conv2", f"{blk}.norm2", stream, None))
-            if s > 0 and b == 0:
-                probes.append(_probe(config, f"{blk}.shortcut.conv", f"{blk}.shortcut.norm",
-                                     stream, None))
-    return probes
-
-
-class ConvNetFamily(Family):
-    name = "convnet"
-    canonical_is_stock = True  # (trained, saved and loaded in canonical form)
-    config_class = ConvNetConfig
-    state_dict_archs = ARCHS
-    export_layouts = ("torchvision",)
-
-    def build(self, config: ConvNetConfig, state: StateDict | None = None) -> nn.Module:
-        return build(config, state)
-
-    def spec(self, config: ConvNetConfig) -> SymmetrySpec:
-        return convnet_spec(config)
-
-    def probes(self, config: ConvNetConfig) -> list[Probe]:
-        return convnet_probes(config)
-
-    def read_state_dict(self, state: StateDict, where: str, **hints: Any) -> CanonicalModel:
-        """torchvision-style names or glmc's (see :mod:`.layouts`); hints: ``arch``,
-        ``norm``, ``image_size``, ``num_channels``."""
-        config, canonical = read_state_dict(state, where, **hints)
-        return CanonicalModel(config, {k: v.float() for k, v in canonical.items()})
-
-    def export_state_dict(self, model: CanonicalModel, layout: str) -> StateDict:
-        if layout != "torchvision":
-            return super().export_state_dict(model, layout)
-        return to_torchvision(model.config, model.state)
-
-
-register_family(ConvNetFamily())
-
-# The trainable architectures register themselves.
-from glmc.families.convnet import train  # noqa: E402, F401
-
-__all__ = ["ConvNetConfig", "ConvNetFamily", "build", "convnet_probes", "convnet_spec"]
+# The family's code, loaded on first use (it imports torch).
+_EXPORTS = {
+    **dict.fromkeys(("ConvNetFamily", "convnet_probes"), f"{_HERE}.family"),
+    "ConvNetConfig": f"{_HERE}.config",
+    "build": f"{_HERE}.modules",
+    "convnet_spec": f"{_HERE}.spec",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = ["ARCHS", "NORMS", *_EXPORTS]

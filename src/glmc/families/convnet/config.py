@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from glmc.families.base import ModelConfig
+from glmc.families.convnet import ARCHS, NORMS
 
-ARCHS: tuple[str, ...] = ("mlp", "vgg11", "vgg16", "resnet20")
-NORMS: tuple[str, ...] = ("batch", "layer", "none")
 #: First-stage channels at width 1 when ``base`` is not given.
 DEFAULT_BASE: dict[str, int] = {"vgg11": 64, "vgg16": 64, "resnet20": 16}
 

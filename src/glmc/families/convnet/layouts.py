@@ -34,8 +34,8 @@ from glmc.errors import GlmcError
 from glmc.families.base import check_shapes, module_shapes
 from glmc.families.convnet.config import DEFAULT_BASE, ConvNetConfig
 from glmc.families.convnet.modules import build, vgg_layers
+from glmc.tensors import StateDict
 
-StateDict = dict[str, torch.Tensor]
 Rule = tuple[re.Pattern[str], Callable[[re.Match[str]], str]]
 
 HEAD = re.compile(r"(?:fc|linear|head|classifier|classifier\.0)\.(weight|bias)")

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from glmc.families import register_arch
 from glmc.families.base import Arch
 from glmc.families.convnet.config import ConvNetConfig
 from glmc.families.convnet.modules import build
@@ -25,9 +24,7 @@ if TYPE_CHECKING:
 
 
 class ConvNetArch(Arch):
-    """A convnet-family architecture (the class attribute ``name`` is its ``arch``)."""
-
-    task = "image_classifier"
+    """A convnet-family architecture (its declared ``name`` is its ``arch``)."""
 
     def shape(self, cfg: TrainConfig) -> dict[str, Any]:
         """The config fields this architecture takes from the training options."""
@@ -64,23 +61,17 @@ class MLPArch(ConvNetArch):
     """Git Re-Basin's MNIST MLP: 3 hidden ReLU layers of ``--base`` (512) × ``--width``
     units, no norms (``--norm`` does not apply)."""
 
-    name, help = "mlp", "MLP (3 x 512*width ReLU units) on images"
-
     def shape(self, cfg: TrainConfig) -> dict[str, Any]:
         return {"width": cfg.width, "norm": "none", "hidden": cfg.base or 512}
 
 
 class VGG11Arch(ConvNetArch):
-    name, help = "vgg11", "VGG-11 (channels base*width*[1,2,4,8,8], --norm) on images"
+    """VGG-11 (CIFAR-style, global pooling and one linear head)."""
 
 
 class VGG16Arch(ConvNetArch):
-    name, help = "vgg16", "VGG-16 (channels base*width*[1,2,4,8,8], --norm) on images"
+    """VGG-16 (CIFAR-style, global pooling and one linear head)."""
 
 
 class ResNet20Arch(ConvNetArch):
-    name, help = "resnet20", "ResNet-20 (channels base*width*[1,2,4], --norm) on images"
-
-
-for _arch in (MLPArch(), VGG11Arch(), VGG16Arch(), ResNet20Arch()):
-    register_arch(_arch)
+    """ResNet-20 with projection shortcuts."""

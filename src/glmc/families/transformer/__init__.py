@@ -2,61 +2,33 @@
 transformer whose norms are weightless RMSNorms, so that the residual stream carries an
 orthogonal symmetry (see docs/design.md).
 
-- ``model``: the canonical config and module; ``spec``: its symmetry spec;
+- ``family``: the family (:class:`TransformerFamily`); ``model``: the canonical config and
+  module; ``spec``: its symmetry spec;
 - ``gpt2``, ``vit``: importers from the transformers classes and back; ``stock``, ``rewrite``:
   what they share; ``circuit``: attention in circuit form;
 - ``train``: the stock architectures ``glmc train`` trains (``gpt2``, ``vit``).
+
+This module only declares them (torch-free); each loads on first use.
 """
 
-from __future__ import annotations
+from glmc._lazy import lazy_exports
+from glmc.families.registry import declare_arch, declare_family, declare_importer
 
-from typing import TYPE_CHECKING, Any
+_HERE = "glmc.families.transformer"
 
-from glmc.families import register_family
-from glmc.families.base import Family, StateDict
-from glmc.families.transformer.circuit import to_circuit
-from glmc.families.transformer.model import CanonicalConfig, build
-from glmc.families.transformer.rewrite import max_mean_along
-from glmc.families.transformer.spec import canonical_spec
-from glmc.symmetry.spec import SymmetrySpec
+declare_family("transformer", f"{_HERE}.family:TransformerFamily")
+declare_importer(("gpt2",), f"{_HERE}.gpt2:GPT2Importer")
+declare_importer(("vit",), f"{_HERE}.vit:ViTImporter")
+declare_arch("gpt2", task="causal_lm", help="GPT2LMHeadModel on text",
+             impl=f"{_HERE}.train:GPT2Arch")
+declare_arch("vit", task="image_classifier", help="ViTForImageClassification on images",
+             impl=f"{_HERE}.train:ViTArch")
 
-if TYPE_CHECKING:
-    from torch import nn
-
-    from glmc.model import CanonicalModel
-
-
-class TransformerFamily(Family):
-    name = "transformer"
-    config_class = CanonicalConfig
-
-    def build(self, config: CanonicalConfig, state: StateDict | None = None) -> nn.Module:
-        return build(config, state)
-
-    def spec(self, config: CanonicalConfig) -> SymmetrySpec:
-        return canonical_spec(config)
-
-    def uncentred_writer(self, model: CanonicalModel, tol: float) -> tuple[str, float] | None:
-        """When every residual writer is mean-zero the stream never leaves the
-        ones-complement, so every norm acts as a LayerNorm would. (The final norm's bias is
-        added after the last norm: not a writer.)"""
-        spec = model.spec
-        for s in (s for s, role in spec.roles.items() if role == "residual"):
-            for n, axis, var in spec.occurrences(s):
-                if var == "out" and n != "norm_f.bias":
-                    dev = max_mean_along(model.state[n], axis)
-                    if dev > tol:
-                        return n, dev
-        return None
-
-    def circuit_form(self, model: CanonicalModel) -> CanonicalModel:
-        return to_circuit(model)
-
-    def token_rows(self, config: Any) -> dict[str, int]:
-        return {"embed.tok": 0, "head.weight": 0} if config.task == "causal_lm" else {}
-
-
-register_family(TransformerFamily())
-
-# Importers and trainable architectures register themselves.
-from glmc.families.transformer import gpt2, train, vit  # noqa: E402, F401
+# The family's code, loaded on first use (it imports torch).
+_EXPORTS = {
+    "TransformerFamily": f"{_HERE}.family",
+    **dict.fromkeys(("CanonicalConfig", "build"), f"{_HERE}.model"),
+    "canonical_spec": f"{_HERE}.spec",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = list(_EXPORTS)

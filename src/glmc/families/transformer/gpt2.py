@@ -15,15 +15,11 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from glmc.errors import GlmcError
-from glmc.families.importers import (
-    Importer,
-    NotRepresentable,
-    StateDict,
-    register,
-)
+from glmc.families.importers import Importer, NotRepresentable
 from glmc.families.transformer.rewrite import centre, fold_norm, settle_attention_biases
 from glmc.families.transformer.stock import base_config, require_stock_form
 from glmc.model import CanonicalModel
+from glmc.tensors import StateDict
 
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers of old files
 
@@ -41,10 +37,8 @@ def norm_f_bias_conditioned(gamma: torch.Tensor) -> bool:
     return bool(rms > 0) and bool((gamma.double().abs() >= NORM_F_BIAS_MIN_GAMMA * rms).all())
 
 
-@register
 class GPT2Importer(Importer):
     name = "gpt2"
-    model_types = ("gpt2",)
 
     def config_class(self) -> type:
         return GPT2Config

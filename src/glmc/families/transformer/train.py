@@ -14,9 +14,8 @@ from torch import nn
 from transformers import GPT2Config, ViTConfig
 
 from glmc.data import Dataset
-from glmc.families import register_arch
 from glmc.families.base import Arch
-from glmc.families.importers import importer_for
+from glmc.families.registry import importer_for
 
 GPT2_EOS = 50256  # GPT-2's <|endoftext|>; only meaningful with the BPE vocabulary
 
@@ -49,7 +48,6 @@ class GPT2Arch(_StockArch):
     """GPT2LMHeadModel: untied embeddings (as in the paper), ``n_positions = context``,
     ``gelu_new``; the vocabulary comes from the data."""
 
-    name, task, help = "gpt2", "causal_lm", "GPT2LMHeadModel on text"
     config_class = GPT2Config
 
     def model_config(self, cfg: Any, ds: Dataset) -> GPT2Config:
@@ -70,7 +68,6 @@ class ViTArch(_StockArch):
     """ViTForImageClassification: image size, channels and classes from the data, GELU,
     q/k/v biases; ``--patch-size`` must divide the image side."""
 
-    name, task, help = "vit", "image_classifier", "ViTForImageClassification on images"
     config_class = ViTConfig
 
     def model_config(self, cfg: Any, ds: Dataset) -> ViTConfig:
@@ -92,6 +89,3 @@ class ViTArch(_StockArch):
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return model(pixel_values=x).logits
 
-
-for _arch in (GPT2Arch(), ViTArch()):
-    register_arch(_arch)

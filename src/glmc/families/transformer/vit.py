@@ -15,15 +15,11 @@ import torch
 from transformers import ViTConfig, ViTForImageClassification
 
 from glmc.errors import GlmcError
-from glmc.families.importers import (
-    Importer,
-    NotRepresentable,
-    StateDict,
-    register,
-)
+from glmc.families.importers import Importer, NotRepresentable
 from glmc.families.transformer.rewrite import centre, fold_norm, settle_attention_biases
 from glmc.families.transformer.stock import base_config, require_stock_form
 from glmc.model import CanonicalModel
+from glmc.tensors import StateDict
 
 # transformers' save_pretrained still writes the original hub names; read both layouts.
 _ORIGINAL_NAMES = [
@@ -41,10 +37,8 @@ _ORIGINAL_NAMES = [
 ]
 
 
-@register
 class ViTImporter(Importer):
     name = "vit"
-    model_types = ("vit",)
 
     def normalize_keys(self, state: StateDict) -> StateDict:
         out = {}

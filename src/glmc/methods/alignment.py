@@ -1,0 +1,42 @@
+"""An alignment: B moved into A's coordinates by a transform, with how it was found."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from glmc.matching.learned import LearnedResult
+from glmc.matching.weight import MatchResult
+from glmc.model import CanonicalModel
+from glmc.symmetry.transform import Transform
+
+
+@dataclass
+class Alignment:
+    """B aligned to A: ``aligned`` = transform applied to ``b`` (same function as ``b``).
+
+    ``settings``: what produced it (inputs, method, residual, heads), for the report.
+    """
+
+    a: CanonicalModel
+    b: CanonicalModel
+    aligned: CanonicalModel
+    transform: Transform
+    match: MatchResult | None
+    learned: LearnedResult | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def report(self) -> dict[str, Any]:
+        """The report ``glmc align`` writes (without the certificate and timing)."""
+        return {"command": "align", **self.settings,
+                "matching": self.match.to_json() if self.match else None,
+                "learned": self.learned.to_json() if self.learned else None}
+
+    def save(self, path: str | Path, *, force: bool = False, stock: bool = True) -> dict:
+        """Write B aligned as ``glmc align`` does (see :func:`glmc.writing.save_alignment`)."""
+        from glmc.writing import save_alignment  # (writing reads Alignment: imported late)
+
+        return save_alignment(self, path, force=force, stock=stock)
+
+

@@ -1,0 +1,96 @@
+"""The built-in alignment methods (registered in :mod:`glmc.methods`) and what they share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from glmc.data import Dataset, fixed_batches
+from glmc.errors import GlmcError
+from glmc.matching.activation import activation_matching
+from glmc.matching.learned import LearnedResult, learned_matching
+from glmc.matching.weight import MatchResult, centred_pair, weight_matching
+from glmc.methods.alignment import Alignment
+from glmc.methods.options import AlignOptions
+from glmc.model import CanonicalModel
+from glmc.symmetry.transform import Transform
+
+#: Training examples the data-driven steps read (activation matching, BatchNorm reset,
+#: REPAIR): enough for stable per-unit statistics, in fixed batches of the train split.
+STATISTICS_EXAMPLES = 2000
+
+
+def statistics_batches(a: CanonicalModel, data: Dataset) -> list:
+    """Fixed training batches (the first ``STATISTICS_EXAMPLES`` examples, or four batches
+    of text windows) for per-unit statistics of models like ``a``."""
+    context = a.task.context(a.config)
+    size = a.task.default_batch_size(a.config, context)
+    n = 4 if context is not None else max(1, -(-STATISTICS_EXAMPLES // size))
+    return fixed_batches(data, "train", batch_size=size, context=context, max_batches=n)
+
+
+def token_masks(a: CanonicalModel, counts: torch.Tensor | None) -> dict:
+    """Row masks of the vocabulary-indexed tensors: rows of unseen tokens do not count."""
+    if counts is None:
+        return {}
+    rows = a.family.token_rows(a.config)
+    if not rows:
+        raise GlmcError("token counts apply to language models only")
+    if counts.numel() != a.config.vocab_size:
+        raise GlmcError(f"{counts.numel()} token counts for a vocabulary of "
+                        f"{a.config.vocab_size}")
+    return {name: (axis, counts > 0) for name, axis in rows.items()}
+
+
+def _moved(a: CanonicalModel, b: CanonicalModel, t: Transform, match: MatchResult | None,
+           learned: LearnedResult | None = None) -> Alignment:
+    return Alignment(a, b, b.transformed(t), t, match, learned)
+
+
+@dataclass(frozen=True)
+class CircuitPath:
+    """``path`` with attention rewritten in circuit form at every point (exact)."""
+
+    path: Any
+
+    def model_at(self, lam: float) -> CanonicalModel:
+        m = self.path.model_at(lam)
+        return m.family.circuit_form(m)
+
+
+# -- the methods ----------------------------------------------------------------------------
+
+
+def no_alignment(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Any:
+    if a.family.canonical_is_stock:  # (the weights as loaded are the canonical ones)
+        return b
+    if o.stock is None:  # (run_barrier and merge refuse such inputs before any work)
+        raise GlmcError("method none averages the stock weights as loaded: give Hugging Face "
+                        "folders, or use canonical")
+    return o.stock if o.heads == "inner" else CircuitPath(o.stock)
+
+
+def canonical_coordinates(a: CanonicalModel, b: CanonicalModel,
+                          o: AlignOptions) -> CanonicalModel:
+    return b
+
+
+def weight(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
+    match = weight_matching(a, b, o.weight_matching(token_masks(a, o.token_counts)),
+                            progress=o.progress)
+    return _moved(a, b, match.transform, match)
+
+
+def activation(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
+    return _moved(a, b, activation_matching(a, b, statistics_batches(a, o.data)), None)
+
+
+def learned(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
+    wm = o.weight_matching(token_masks(a, o.token_counts))
+    match = weight_matching(a, b, wm, progress=o.progress)
+    result = learned_matching(a, b, o.data, match.transform, o.learned_matching(),
+                              fix_ones=centred_pair(a, b), progress=o.learned_progress,
+                              inner=wm.inner)
+    return _moved(a, b, result.transform, match, result)

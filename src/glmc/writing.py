@@ -1,0 +1,135 @@
+"""Writing model folders as the commands do: the model (its stock class when representable),
+the files it carries, the transform, and the report with its certificate; and plain state
+dicts (:func:`export_state_dict`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors.torch import save_file
+
+from glmc.errors import GlmcError
+from glmc.io.atomic import atomic_path
+from glmc.io.folders import (
+    REPORT,
+    LoadedModel,
+    ModelLike,
+    canonical,
+    load_model,
+    save_folder,
+    write_json,
+)
+from glmc.io.outputs import check_output, model_bytes, output_errors
+from glmc.model import CanonicalModel
+from glmc.symmetry.transform import Transform
+from glmc.tensors import StateDict
+from glmc.verify import canonical_logits, certify_folder, folder_logits, random_inputs
+
+if TYPE_CHECKING:
+    from glmc.methods import Alignment
+
+
+def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool = True,
+         report: dict | None = None, transform: Transform | None = None,
+         stock_state: tuple[Any, StateDict] | None = None,
+         certify: Callable[[Path], dict] | None = None) -> dict:
+    """Write a model folder as the command line does, and return its report.
+
+    ``model``: a merged or aligned model (CanonicalModel) or a loaded one. The folder holds
+    the stock class when the model is representable (else a glmc folder, which every glmc
+    command reads), the tokenizer and generation config the model carries, ``transform``
+    when given, and ``glmc_report.json`` (``report`` plus the format written, and with
+    ``certify``, its certificate of the folder as written: see :func:`save_certified`). An existing
+    non-empty ``path`` is replaced only with ``force``; the location is checked (writable,
+    free space) before anything is written, and the write is atomic.
+    """
+    m = canonical(model).to(torch.float32)
+    check_output(path, model_bytes(m.n_params()), force=force, option="path",
+                 force_flag="force=True")
+    report = dict(report or {})
+    return save_folder(path, m, stock=stock, report=report, transform=transform,
+                       stock_state=stock_state, certify=certify)
+
+
+def save_certified(model: CanonicalModel, path: str | Path, report: dict,
+                   reference: tuple[torch.Tensor, torch.Tensor], *,
+                   transform: Transform | None = None, force: bool = False,
+                   stock: bool = True) -> dict:
+    """Write ``model`` (see :func:`save`) with ``report`` plus the certificate that the folder
+    as written computes ``reference`` = (inputs, the logits it must give), taken before the
+    folder takes its name; returns the report. An aligned B must give B's logits, a canonical
+    form its input's."""
+    return save(model, path, force=force, stock=stock, report=report, transform=transform,
+                certify=lambda folder: certify_folder(folder, *reference))
+
+
+def certify_saved(path: str | Path, report: dict, reference: tuple[torch.Tensor, torch.Tensor],
+                  started: float | None = None) -> dict:
+    """Certify a folder :func:`save` wrote (see :func:`save_certified`) and rewrite its report
+    with the certificate (and the ``seconds`` since ``started``, a ``time.perf_counter()``):
+    for a caller that releases the model between the two, as ``glmc align`` does, so that the
+    model and its read-back copy are never in memory together."""
+    report = report | {"certificate": certify_folder(path, *reference)}
+    if started is not None:
+        report["seconds"] = round(time.perf_counter() - started, 3)
+    write_report(path, report)
+    return report
+
+
+def write_report(folder: str | Path, report: dict) -> None:
+    """Replace ``folder``'s ``glmc_report.json`` (atomically)."""
+    with output_errors(folder):
+        write_json(Path(folder) / REPORT, report)
+
+
+
+def save_alignment(al: Alignment, path: str | Path, *, force: bool = False,
+                   stock: bool = True) -> dict:
+    """Write B aligned as ``glmc align`` does: the model folder (stock class when
+    representable) with B's tokenizer and generation config, ``transform.safetensors``, and
+    ``glmc_report.json`` with the certificate that the folder computes B's function. An
+    existing non-empty ``path`` needs ``force``. Returns the report."""
+    x = random_inputs(al.b.config)
+    return save_certified(al.aligned, path, al.report(), (x, canonical_logits(al.b)(x)),
+                          transform=al.transform, force=force, stock=stock)
+
+
+def save_canonical(model: LoadedModel | str | Path, path: str | Path, *,
+                   attention: str = "heads", stock: bool = False, force: bool = False) -> dict:
+    """Write a model folder's canonical form as ``glmc canonicalize`` does (``attention``:
+    ``"heads"``, or ``"circuit"`` for heads as QK/OV circuits; ``stock``: the stock class
+    when representable), with the certificate that the written folder computes the input
+    folder's function in its own class; returns the report."""
+    if attention not in ("heads", "circuit"):
+        raise GlmcError(f"attention must be 'heads' or 'circuit', got {attention!r}")
+    m = model if isinstance(model, LoadedModel) else load_model(model)
+    canon = m.canonical if attention == "heads" else m.canonical.family.circuit_form(m.canonical)
+    x = random_inputs(canon.config)
+    report = {"command": "canonicalize", "model": str(m.path), "out": str(path),
+              "n_params": canon.n_params()}
+    return save_certified(canon, path, report, (x, folder_logits(m)(x)), force=force,
+                          stock=stock)
+
+
+def export_state_dict(model: ModelLike, path: str | Path, *, layout: str = "torchvision",
+                      force: bool = False) -> dict:
+    """Write ``model``'s tensors as one ``.safetensors`` state dict under ``layout``'s names
+    (``"canonical"``: glmc's own; ``"torchvision"`` for convnets: what a torchvision-style
+    module loads), as ``glmc export`` does; atomically, refusing an existing file unless
+    ``force``. Returns what was written (layout, tensors, parameters)."""
+    m = canonical(model).to(torch.float32)
+    if Path(path).suffix != ".safetensors":
+        raise GlmcError(f"{path}: the state dict is written as safetensors (name it "
+                        "*.safetensors; torch.load users: safetensors.torch.load_file)")
+    state = m.state if layout == "canonical" else m.family.export_state_dict(m, layout)
+    check_output(path, model_bytes(m.n_params()), force=force, option="path",
+                 force_flag="force=True")
+    with output_errors(path), atomic_path(Path(path)) as tmp:
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp),
+                  metadata={"format": "pt"})
+    return {"path": str(path), "layout": layout, "tensors": len(state),
+            "n_params": m.n_params()}
