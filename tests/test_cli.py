@@ -68,7 +68,7 @@ def moving_every_head(t: Transform, spec) -> Transform:
     for space, role in spec.roles.items():
         if role == "heads":
             p = elements[space]
-            elements[space] = Permutation(torch.arange(p.perm.numel()).roll(1), p.block)
+            elements[space] = Permutation(torch.arange(p.perm.numel()).roll(1))
     return Transform(elements)
 
 

@@ -56,7 +56,7 @@ def perturbed(t: Transform) -> Transform:
     p[[0, 1, 2, 3]] = p[[3, 2, 1, 0]]
     els["mlp.0"] = Permutation(p)
     h = els["heads.1"]
-    els["heads.1"] = Permutation(h.perm[[1, 0, 2, 3]], h.block)
+    els["heads.1"] = Permutation(h.perm[[1, 0, 2, 3]])
     w = torch.randn(32, 32, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     c = torch.eye(32, dtype=torch.float64) - 1 / 32
     r = torch.linalg.matrix_exp(0.1 * c @ (w - w.T) / 2 @ c)

@@ -311,7 +311,8 @@ def test_assignment_recovers_a_permutation_and_keeps_an_optimal_one():
 @pytest.mark.parametrize("fix_ones", [False, True])
 def test_procrustes_recovers_an_orthogonal_map(fix_ones):
     g = torch.Generator().manual_seed(0)
-    o = OrthogonalGroup(10).random(g, subgroup="fix_ones" if fix_ones else None).matrix()
+    group = OrthogonalGroup(10)
+    o = (group.subgroup("fix_ones") if fix_ones else group).random(g).matrix()
     x = torch.randn(10, 40, generator=g, dtype=F64)
     if fix_ones:
         x = x - x.mean(0)  # centred data: the all-ones direction is in the null space
@@ -323,7 +324,7 @@ def test_align_inner_recovers_an_invertible_head_map():
     g = torch.Generator().manual_seed(0)
     k, d = 4, 12
     xa, ya = torch.randn(k, d, generator=g, dtype=F64), torch.randn(k, d, generator=g, dtype=F64)
-    m = BlockInvertibleGroup(k, block=k).random(g).matrix()
+    m = BlockInvertibleGroup(1, k).random(g).matrix()
     xb, yb = torch.linalg.solve(m, xa), m.T @ ya  # head b = head a under M⁻¹
     rec = align_inner(xa, ya, xb, yb, invertible=True)
     torch.testing.assert_close(rec @ xb, xa)
@@ -403,8 +404,7 @@ def test_unit_workers_respect_chained_units_and_the_memory_budget():
 
     def prob(n: int, independent: bool = True):
         spaces = {f"mlp.{i}": PermutationGroup(n) for i in range(8)}
-        return SimpleNamespace(independent=independent, units=list(spaces),
-                               spec=SimpleNamespace(spaces=spaces))
+        return SimpleNamespace(independent=independent, units=list(spaces), groups=spaces)
 
     assert unit_workers(prob(3072), 2) == (2, 3)
     assert unit_workers(prob(3072, independent=False), 16) == (1, 1)

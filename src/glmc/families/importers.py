@@ -31,6 +31,10 @@ class Importer:
     def config_class(self) -> type:
         raise NotImplementedError
 
+    def check_config(self, raw: dict, where: str) -> None:
+        """Refuse a stock config (``raw``, as read from ``where``) whose architecture the
+        canonical form does not cover, in one line naming the field; before it is built."""
+
     def stock_model(self, hf_config: Any) -> nn.Module:
         """An untrained stock model built from ``hf_config`` (no download)."""
         raise NotImplementedError

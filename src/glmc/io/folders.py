@@ -189,6 +189,7 @@ def read_side_files(folder: Path) -> dict[str, str]:
         path = folder / name
         if path.is_file():
             try:
+    importer.check_config(raw, str(cfg_path))
                 files[name] = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as e:
                 raise GlmcError(f"{path}: cannot read ({e})") from None

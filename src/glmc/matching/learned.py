@@ -35,12 +35,11 @@ from glmc.matching.options import (
     default_inner,
     parse_lambda,
 )
-from glmc.matching.parametrize import PermutationLatent, project_all
-from glmc.matching.problem import Problem, head_tensors
+from glmc.matching.parametrize import PermutationLatent, make_latent, project_all
+from glmc.matching.problem import Problem, effective_groups, head_tensors, stream_space
 from glmc.matching.weight import inner_maps
 from glmc.model import CanonicalModel
-from glmc.symmetry.groups import BlockMatrix, Element, Group, Matrix, Permutation
-from glmc.symmetry.spec import SymmetrySpec
+from glmc.symmetry.groups import BlockMatrix, Element, Matrix, Permutation
 from glmc.symmetry.transform import Transform, apply_axes
 from glmc.tensors import StateDict
 
@@ -75,15 +74,6 @@ def _key(space: str) -> str:
     return space.replace(".", "_")  # (ModuleDict keys cannot hold dots)
 
 
-def learned_group(spec: SymmetrySpec, space: str, residual: str) -> Group | None:
-    """The group ``space`` learns in: its own, but for the residual stream as ``residual``
-    says ("none": kept as it starts; "permutation": its permutations, the ablation)."""
-    group = spec.spaces[space]
-    if spec.roles.get(space) != "residual" or residual == "orthogonal":
-        return group
-    return None if residual == "none" else group.permutations()
-
-
 class Latents(torch.nn.Module):
     """One latent per space (or a fixed element where nothing trains), and the hard
     elements they give. Head assignments that change are followed by fresh inner maps."""
@@ -95,11 +85,14 @@ class Latents(torch.nn.Module):
         self.spec = spec
         self.fixed: dict[str, Element] = {}
         lat: dict[str, torch.nn.Module] = {}
-        for s, g in spec.spaces.items():
+        # The groups weight matching solved in ("none": the stream is kept as it starts).
+        groups = effective_groups(spec, "orthogonal" if residual == "none" else residual,
+                                  inner, fix_ones)
+        stream = stream_space(spec)
+        for s, g in groups.items():
             e = init.elements.get(s, g.identity())
-            group = learned_group(spec, s, residual)
-            m = None if group is None else group.latent(e, space=s, fix_ones=fix_ones,
-                                                        inner=inner)
+            keep = s == stream and residual == "none"
+            m = None if keep else make_latent(g, e, space=s)
             if m is None:
                 self.fixed[s] = e
             else:
@@ -110,7 +103,7 @@ class Latents(torch.nn.Module):
         # (only the heads' tensors: reassigned heads get their inner maps from them)
         self.problem = Problem(a, b, WeightMatchingOptions(inner=inner),
                                only=head_tensors(spec))
-        self.aligned_for = {u: init.elements[u].perm.clone() for u in self.problem.inner_of
+        self.aligned_for = {u: init.elements[u].perm.clone() for u in self.problem.head_units
                             if u in init.elements}
         if not any(True for _ in self.parameters()):
             raise GlmcError("nothing to learn: the spec has no permutation or residual space")
@@ -143,9 +136,11 @@ class Latents(torch.nn.Module):
                 continue
             fresh = inner_maps(self.problem, unit, self.hard())
             for s in self.problem.inner_of[unit]:
+                if s in self.fixed:
+                    self.fixed[s] = fresh[s]
+                    continue
                 self[s].reset(fresh[s])
-                if isinstance(self[s].w, torch.nn.Parameter):
-                    reset.append(self[s].w)
+                reset.extend(p for p in self[s].parameters() if p.requires_grad)
             self.aligned_for[unit] = now.clone()
         return reset
 

@@ -14,21 +14,28 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from glmc.errors import GlmcError
+from glmc.matching.heads import HeadUnit, Proposal, balancing, head_unit, propose_heads
 from glmc.matching.options import WEIGHTINGS, WeightMatchingOptions
-from glmc.matching.solvers import assignment, balancing_map, polar
+from glmc.matching.steps import solve
 from glmc.model import CanonicalModel, check_pair
-from glmc.symmetry.groups import BlockMatrix, Element, Group, PermutationGroup
+from glmc.symmetry.groups import (
+    Element,
+    Group,
+    GroupedPermutationGroup,
+    OrthogonalGroup,
+    PermutationGroup,
+)
 from glmc.symmetry.spec import SymmetrySpec
-from glmc.symmetry.transform import apply_axes, nested_pairs
+from glmc.symmetry.transform import apply_axes
 from glmc.tensors import StateDict, axis_first
 
-__all__ = ["UNIT_STEPS", "WEIGHTINGS", "Problem", "WeightMatchingOptions", "check_pair",
-           "cross", "propose_heads", "propose_permutation", "propose_unit"]
+__all__ = ["UNIT_STEPS", "WEIGHTINGS", "Problem", "Proposal", "WeightMatchingOptions",
+           "check_pair", "cross", "effective_groups", "propose_heads", "propose_permutation",
+           "propose_unit", "stream_space"]
 
 
 def tensor_weights(spec: SymmetrySpec, state: StateDict, scheme: str,
@@ -56,15 +63,6 @@ def tensor_weights(spec: SymmetrySpec, state: StateDict, scheme: str,
     return w
 
 
-@dataclass
-class Bundle:
-    """The tensors of one inner space: X (its output side) and Y (its input side)."""
-
-    space: str
-    xs: list[tuple[str, int]]
-    ys: list[tuple[str, int]]
-
-
 def cross_sum(pairs: list[tuple[torch.Tensor, torch.Tensor]],
               scales: list[float] | None = None) -> torch.Tensor:
     """Σ s·a·bᵀ over the pairs (each (n, ·) and (m, ·)): accumulated in place, never
@@ -82,8 +80,38 @@ def cross_sum(pairs: list[tuple[torch.Tensor, torch.Tensor]],
 
 
 def head_tensors(spec: SymmetrySpec) -> set[str]:
-    """The tensors of every head space and its inner spaces (what aligning inner maps reads)."""
-    return {n for pair in nested_pairs(spec) for s in pair for n, _, _ in spec.occurrences(s)}
+    """The tensors of every space nested in another and of the spaces they nest in (what
+    aligning heads' inner maps reads)."""
+    spaces = {s for c in spec.chains() for s in c.spaces}
+    return {n for s in spaces for n, _, _ in spec.occurrences(s)}
+
+
+def stream_space(spec: SymmetrySpec) -> str | None:
+    """The residual stream: the space whose group is orthogonal (weight matching supports
+    one)."""
+    streams = [s for s, g in spec.spaces.items() if isinstance(g, OrthogonalGroup)]
+    if len(streams) > 1:
+        raise GlmcError(f"the spec has {len(streams)} orthogonal spaces ({', '.join(streams)}); "
+                        "weight matching supports one residual stream")
+    return streams[0] if streams else None
+
+
+def effective_groups(spec: SymmetrySpec, residual: str, inner: str,
+                     fix_ones: bool) -> dict[str, Group]:
+    """The group each space is matched in: the stream's (``residual``: "orthogonal", fixing
+    the all-ones direction when ``fix_ones``; "permutation": its permutations, the
+    ablation), the heads' inner maps restricted to ``inner`` ("invertible", "orthogonal" or
+    "permutation"), every other space's own."""
+    stream = stream_space(spec)
+    nested = {s for c in spec.chains() for s in c.spaces[:-1]}
+    out = dict(spec.spaces)
+    for s, g in spec.spaces.items():
+        if s == stream:
+            out[s] = (g.permutations() if residual == "permutation"
+                      else g.subgroup("fix_ones") if fix_ones else g)
+        elif s in nested and not isinstance(g, GroupedPermutationGroup):
+            out[s] = g.subgroup(inner)
+    return out
 
 
 class Problem:
@@ -120,39 +148,36 @@ class Problem:
         self.dtype = a.state[next(iter(spec.axes))].dtype
         self._balance: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._unit_norms: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        nested = nested_pairs(spec)
-        self.inner_of: dict[str, list[str]] = defaultdict(list)
-        for inner, outer in sorted(nested):
-            self.inner_of[outer].append(inner)
-        inner_spaces = {i for i, _ in nested}
-        self.bundles = [
-            Bundle(s, [(n, ax) for n, ax, v in spec.occurrences(s) if v == "out"],
-                   [(n, ax) for n, ax, v in spec.occurrences(s) if v == "in"])
-            for s in sorted(inner_spaces)
-        ]
-        self.bundled = {n for bd in self.bundles for n, _ in bd.xs + bd.ys}
-        self.residual = [s for s, r in spec.roles.items() if r == "residual"]
-        if len(self.residual) > 1:  # the residual step solves one stream
-            raise GlmcError(f"the spec has {len(self.residual)} residual spaces; weight "
-                            "matching supports one")
-        #: The residual space the descent solves (None: residual "none"; see ``solve_stream``)
-        self.stream = self.residual[0] if self.residual and opts.residual != "none" else None
-        # Every other space is a unit with a step of its own (by its group, ``UNIT_STEPS``) or
-        # is solved with the unit it is nested in (the heads' inner maps).
-        self.units = [s for s, g in spec.spaces.items()
-                      if type(g) in UNIT_STEPS and s not in self.residual]
-        for s, g in spec.spaces.items():
-            if s not in self.units and s not in self.residual and s not in inner_spaces:
+        #: The group each space is matched in (the ablations restrict the model's own).
+        self.groups = effective_groups(spec, opts.residual, opts.inner or "invertible",
+                                       bool(opts.fix_ones))
+        stream = stream_space(spec)
+        #: The residual space the descent solves (None: none, or residual "none")
+        self.stream = stream if opts.residual != "none" else None
+        nested = {s for c in spec.chains() for s in c.spaces[:-1]}
+        # Every other space is a unit with a step of its own (``UNIT_STEPS``, by its group) or
+        # is solved with the unit it is nested in (the heads' inner maps and orders).
+        self.units = [s for s, g in self.groups.items()
+                      if type(g) in UNIT_STEPS and s != stream and s not in nested]
+        for s, g in self.groups.items():
+            if s not in self.units and s != stream and s not in nested:
                 raise GlmcError(f"space {s}: weight matching has no step for a free {g.kind} "
                                 "space")
+        #: What each unit carries nested in it (its inner spaces), and the head units'
+        #: structure (see :mod:`glmc.matching.heads`).
+        self.inner_of: dict[str, list[str]] = {u: spec.nested_in(u) for u in self.units}
+        self.head_units: dict[str, HeadUnit] = {
+            u: head_unit(spec, self.groups, u) for u in self.units if self.inner_of[u]}
+        #: Tensors on which a nested space acts: their maps need not keep norms.
+        self.bundled = {n for u in self.head_units for s in self.inner_of[u]
+                        for n, _, _ in spec.occurrences(s)}
         # Units that share no tensor are independent given the residual map (transformers:
         # every unit meets only the residual stream); chained ones (an MLP's hidden layers)
         # must be solved one after another.
         owners: dict[str, set[str]] = defaultdict(set)
         for u in self.units:
-            for s in [u, *self.inner_of.get(u, [])]:
-                for n, _, _ in spec.occurrences(s):
-                    owners[n].add(u)
+            for n in self.term_names(u):
+                owners[n].add(u)
         self.independent = all(len(us) <= 1 for us in owners.values())
 
     # -- the distance -------------------------------------------------------------------------
@@ -196,15 +221,12 @@ class Problem:
                 for n in (names if names is not None else self.spec.axes)}
 
     def stream_group(self) -> Group:
-        """The group the residual map is sought in: the stream's own, or its permutations
-        (the permutation-only ablation)."""
-        group = self.spec.spaces[self.stream]
-        return group.permutations() if self.opts.residual == "permutation" else group
+        """The group the residual map is sought in (see :func:`effective_groups`)."""
+        return self.groups[self.stream]
 
     def solve_stream(self, m: torch.Tensor, current: Element | None = None) -> Element:
         """The residual map maximising ⟨T, m⟩ (Procrustes, or an assignment)."""
-        return self.stream_group().solve(m, current, fix_ones=bool(self.opts.fix_ones),
-                                         dtype=self.dtype)
+        return solve(self.stream_group(), m, current, self.dtype)
 
     # -- what the units' costs read -------------------------------------------------------
     def raw(self, name: str) -> float:
@@ -227,23 +249,13 @@ class Problem:
             self._unit_norms[space] = (out[0], out[1])
         return self._unit_norms[space]
 
-    def balancing(self, bd: Bundle) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per head, the balancing maps (H, k, k) of A's and of B's own heads (unweighted),
-        computed once: orthogonal maps of the residual stream leave the Grams alone."""
-        if bd.space not in self._balance:
-            k = self.spec.spaces[bd.space].block
-            maps = []
-            for s in (self.A, self.B):
-                x, y = self.stack(s, bd.xs), self.stack(s, bd.ys)
-                h = x.shape[0] // k
-                maps.append(balancing_map(x.view(h, k, -1), y.view(h, k, -1)))
-            self._balance[bd.space] = (maps[0], maps[1])
-        return self._balance[bd.space]
-
-    def stack(self, state: StateDict, parts: list[tuple[str, int]]) -> torch.Tensor:
-        """The parts side by side, axis first, unweighted, in float64."""
-        return torch.cat([axis_first(state[n], ax).double() * self.raw(n) for n, ax in parts],
-                         dim=1)
+    def balance(self, space: str, st) -> tuple[torch.Tensor, torch.Tensor]:
+        """The balancing maps (n, k, k) of A's and of B's own heads in ``space``, from the
+        pair statistics ``st`` the first time (orthogonal maps of the residual stream and the
+        query heads' order leave the Grams alone)."""
+        if space not in self._balance:
+            self._balance[space] = balancing(st)
+        return self._balance[space]
 
 
 # -- the units ------------------------------------------------------------------------------
@@ -273,15 +285,6 @@ def cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict,
     return cross_sum(pairs, scales)
 
 
-@dataclass
-class Proposal:
-    """One unit's step: a cost over its group (maximised by ``Group.solve``), and how the
-    solution becomes elements (the unit's own, and those of the spaces nested in it)."""
-
-    cost: torch.Tensor | None  # (n, n), maximised; dropped once solved
-    finish: Callable[[Element], dict[str, Element]]
-
-
 def propose_permutation(prob: Problem, space: str, el: dict[str, Element],
                         bt: StateDict) -> Proposal:
     """Units assigned by the angle between their vectors (or by the squared distance)."""
@@ -294,82 +297,17 @@ def propose_permutation(prob: Problem, space: str, el: dict[str, Element],
     return Proposal(cost, lambda perm: {space: perm})
 
 
-@dataclass
-class HeadCosts:
-    """One bundle's head pairs: the inner map M[i, j] that best aligns B's head j to A's head
-    i, and what is left, dist[i, j] = ‖X_ai − M X_bj‖² + ‖Y_ai − M⁻ᵀ Y_bj‖² (unweighted)."""
-
-    maps: torch.Tensor  # (H, H, k, k)
-    dist: torch.Tensor  # (H, H)
-
-
-def head_costs(prob: Problem, bd: Bundle, bt: StateDict) -> HeadCosts:
-    """Every (A head, B head) pair of one bundle, in k × k arithmetic: the cross and Gram
-    matrices of the heads' factors are all the distance needs."""
-    k = prob.spec.spaces[bd.space].block
-    xa, ya = prob.stack(prob.A, bd.xs), prob.stack(prob.A, bd.ys)
-    xb, yb = prob.stack(bt, bd.xs), prob.stack(bt, bd.ys)
-    h = xa.shape[0] // k
-    xa, ya, xb, yb = (t.view(h, k, -1) for t in (xa, ya, xb, yb))
-    cx = torch.einsum("ikm,jlm->ijkl", xa, xb)  # X_ai X_bjᵀ
-    cy = torch.einsum("ikm,jlm->ijkl", ya, yb)
-    sq_a = (xa.pow(2).sum((1, 2)) + ya.pow(2).sum((1, 2)))[:, None]
-    if prob.opts.inner == "permutation":  # head dimensions permuted (no invertible maps)
-        s = cx + cy
-        eye = torch.eye(k, dtype=s.dtype)
-        maps = torch.stack([torch.stack([eye[assignment(s[i, j])] for j in range(h)])
-                            for i in range(h)])
-        sq_b = (xb.pow(2).sum((1, 2)) + yb.pow(2).sum((1, 2)))[None, :]
-        dist = sq_a + sq_b - 2 * (maps * s).sum((2, 3))
-        return HeadCosts(maps, dist)
-    if prob.opts.inner == "orthogonal":  # orthogonal inner maps: Procrustes, no balancing
-        s = cx + cy
-        maps = polar(s)
-        sq_b = (xb.pow(2).sum((1, 2)) + yb.pow(2).sum((1, 2)))[None, :]
-        return HeadCosts(maps, sq_a + sq_b - 2 * (maps * s).sum((2, 3)))
-    na, nb = prob.balancing(bd)
-    na_i, nb_i = torch.linalg.inv(na), torch.linalg.inv(nb)
-    # Balanced factors of a head are unique up to an orthogonal map: Procrustes between them.
-    r = polar(na[:, None] @ cx @ nb[None] + na_i[:, None] @ cy @ nb_i[None])
-    maps = na_i[:, None] @ r @ nb[None]  # M = N_a⁻¹ R N_b
-    maps_it = na[:, None] @ r @ nb_i[None]  # M⁻ᵀ (N symmetric)
-    gxb, gyb = xb @ xb.mT, yb @ yb.mT
-    dist = (sq_a - 2 * (maps * cx).sum((2, 3)) - 2 * (maps_it * cy).sum((2, 3))
-            + ((maps.mT @ maps) * gxb[None]).sum((2, 3))
-            + ((maps_it.mT @ maps_it) * gyb[None]).sum((2, 3)))
-    return HeadCosts(maps, dist)
-
-
-def propose_heads(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> Proposal:
-    """Heads assigned by what is left after aligning each pair's inner bases; then the
-    matched heads' inner maps."""
-    bundles = [bd for bd in prob.bundles if bd.space in prob.inner_of[space]]
-    costs = {bd.space: head_costs(prob, bd, bt) for bd in bundles}
-    total = -sum(c.dist for c in costs.values())
-
-    def finish(heads: Element) -> dict[str, Element]:
-        sigma = heads.perm  # type: ignore[attr-defined]
-        out: dict[str, Element] = {space: heads}
-        inv = torch.argsort(sigma)  # B's head j goes to A's head inv[j]
-        j = torch.arange(sigma.numel())
-        for name, c in costs.items():
-            blocks = c.maps[inv, j].to(prob.dtype)
-            out[name] = BlockMatrix(blocks.contiguous(), orthogonal=prob.opts.inner != "invertible")
-        return out
-
-    return Proposal(total, finish)
-
-
 def propose_unit(prob: Problem, space: str, el: dict[str, Element], bt: StateDict) -> Proposal:
     """A permutation's step: its units assigned by their vectors, or, where its blocks carry
     inner spaces (heads in head form), by what is left after aligning each pair's inner
     maps."""
-    propose = propose_heads if prob.inner_of.get(space) else propose_permutation
+    propose = propose_heads if space in prob.head_units else propose_permutation
     return propose(prob, space, el, bt)
 
 
-#: Weight matching's step for a unit, by the unit's group: the cost of its ``Group.solve``.
-#: (A space whose group has none is the residual stream, or is nested in a unit.)
+#: Weight matching's step for a unit, by the unit's group: the cost that its step
+#: (:func:`glmc.matching.steps.solve`) maximises. (A space whose group has none is the
+#: residual stream, or is nested in a unit.)
 UNIT_STEPS: dict[type[Group], Callable[[Problem, str, dict[str, Element], StateDict],
                                       Proposal]] = {PermutationGroup: propose_unit}
 

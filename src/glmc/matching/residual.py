@@ -8,7 +8,13 @@ from dataclasses import dataclass
 import torch
 
 from glmc.matching.problem import Problem
-from glmc.symmetry.groups import Element, Matrix, Permutation, ones_complement_basis
+from glmc.symmetry.groups import (
+    Element,
+    Matrix,
+    OrthogonalGroup,
+    Permutation,
+    ones_complement_basis,
+)
 from glmc.symmetry.transform import apply_axes
 from glmc.tensors import StateDict, axis_first
 
@@ -49,7 +55,7 @@ def spectral_init(prob: Problem, space: str, solo: torch.Tensor) -> Element:
     t = q @ (ua * signs) @ ub.T @ q.T
     if prob.opts.fix_ones:
         t = t + torch.full((d, d), 1.0 / d, dtype=torch.float64)
-    if prob.opts.residual == "permutation":  # (the nearest permutation)
+    if not isinstance(prob.stream_group(), OrthogonalGroup):  # (its nearest element)
         return prob.solve_stream(t)
     return Matrix(t.to(prob.A[next(iter(prob.A))].dtype), True)
 

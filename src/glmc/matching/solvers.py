@@ -67,14 +67,20 @@ def balancing_map(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
     x, y: (..., k, ·) factors of the circuit xᵀ·y, which N leaves unchanged. Balanced
     factors of a full-rank circuit are unique up to an orthogonal map, so after balancing two
-    heads only an orthogonal Procrustes remains. N = P^{1/2} with P·Gx·P = Gy. The Grams, and
-    so N, do not change when an orthogonal map acts on the columns (the residual stream).
+    heads only an orthogonal Procrustes remains. The Grams, and so N, do not change when an
+    orthogonal map acts on the columns (the residual stream).
     """
     x, y = x.double(), y.double()
-    k = x.shape[-2]
-    gx, gy = x @ x.mT, y @ y.mT
+    return balancing_from_grams(x @ x.mT, y @ y.mT)
+
+
+def balancing_from_grams(gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+    """:func:`balancing_map` from the Gram matrices Gx = x·xᵀ and Gy = y·yᵀ (..., k, k):
+    N = P^{1/2} with P·Gx·P = Gy."""
+    gx, gy = gx.double(), gy.double()
+    k = gx.shape[-1]
     tr = (gx.diagonal(dim1=-2, dim2=-1).sum(-1) + gy.diagonal(dim1=-2, dim2=-1).sum(-1))
-    eye = torch.eye(k, dtype=x.dtype)
+    eye = torch.eye(k, dtype=gx.dtype)
     ridge = (1e-12 * tr / k + 1e-300)[..., None, None] * eye
     gx_h, gx_ih = _sym_sqrt_pair(gx + ridge)
     p = gx_ih @ _sym_sqrt_pair(gx_h @ (gy + ridge) @ gx_h)[0] @ gx_ih

@@ -32,22 +32,24 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from glmc.matching.heads import propose_heads
 from glmc.matching.problem import (
     UNIT_STEPS,
     Problem,
-    StateDict,
     WeightMatchingOptions,
     check_pair,
     head_tensors,
-    propose_heads,
     relative,
+    stream_space,
 )
 from glmc.matching.residual import ResidualCache, Solo, spectral_init
+from glmc.matching.steps import solve
 from glmc.model import CanonicalModel
-from glmc.symmetry.groups import Element
+from glmc.symmetry.elements import Element, Permutation
 from glmc.symmetry.transform import Transform, apply_axes, unapply_axes
+from glmc.tensors import StateDict
 
-__all__ = ["MatchResult", "WeightMatchingOptions", "centred_pair", "check_pair",
+__all__ = ["MatchResult", "WeightMatchingOptions", "centred_pair", "check_pair", "fixes_ones",
            "realign_inner", "weight_matching"]
 
 
@@ -82,8 +84,17 @@ class MatchResult:
 
 
 def centred_pair(a: CanonicalModel, b: CanonicalModel) -> bool:
-    """Both streams stay in the ones-complement: residual maps should fix the ones direction."""
+    """Both streams stay in the ones-complement (every residual writer mean-zero)."""
     return a.uncentred_writer() is None and b.uncentred_writer() is None
+
+
+def fixes_ones(a: CanonicalModel, b: CanonicalModel) -> bool:
+    """Whether the residual map should fix the all-ones direction: when the family says the
+    stock class needs it (a LayerNorm model's) and both models can still be written back as
+    it (both streams centred)."""
+    stream = stream_space(a.spec)
+    return (stream is not None and a.spec.export.get(stream) == "fix_ones"
+            and centred_pair(a, b))
 
 
 def inner_maps(prob: Problem, unit: str, el: dict[str, Element]) -> dict[str, Element]:
@@ -104,8 +115,8 @@ def realign_inner(a: CanonicalModel, b: CanonicalModel, transform: Transform,
     map; every other element is kept."""
     prob = Problem(a, b, opts or WeightMatchingOptions(), only=head_tensors(a.spec))
     el = dict(transform.elements)
-    for unit in units if units is not None else list(prob.inner_of):
-        if prob.inner_of.get(unit):  # (circuit form: heads without inner bases)
+    for unit in units if units is not None else list(prob.head_units):
+        if unit in prob.head_units:  # (circuit form: heads without inner bases)
             el.update(inner_maps(prob, unit, el))
     return Transform(el)
 
@@ -133,6 +144,7 @@ class UnitStep:
     terms: dict[str, float]
     cross: dict[str, torch.Tensor]  # the residual cache's entries for the moved tensors
     seconds: float
+    rejected: bool = False  # the proposal would have raised the distance: nothing changed
 
 
 def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
@@ -147,18 +159,48 @@ def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
     if cache is not None:
         cache.refresh(names, el)
     bt = {n: unapply_axes(bt_all[n], spec.axes[n], {k: el[k] for k in mine}) for n in names}
-    group = spec.spaces[unit]
+    group = prob.groups[unit]
     prop = UNIT_STEPS[type(group)](prob, unit, el, bt)
-    solution = group.solve(prop.cost, el[unit])
+    solution = solve(group, prop.cost, el[unit], prob.dtype)
     prop.cost = None  # (n x n: freed before the tensors are moved)
     new = prop.finish(solution)
+    own = prob.term_names(unit)
+    before = prob.terms({n: bt_all[n] for n in names}, own)
     moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
-    terms = prob.terms(moved, prob.term_names(unit))
-    same = torch.equal(new[unit].perm, el[unit].perm)  # type: ignore[attr-defined]
+    terms = prob.terms(moved, own)
+    # The proposal's cost is not the distance itself (the angle between units, the heads'
+    # balanced maps): a step is taken only if the distance does not rise, so the descent
+    # never goes up. Rejected, a unit with nested spaces still takes their maps for its
+    # current assignment if those lower it.
+    rejected = not _lowers(terms, before)
+    if rejected and len(mine) > 1:
+        new = prop.finish(el[unit])
+        moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
+        terms = prob.terms(moved, own)
+    if not _lowers(terms, before):
+        kept = {k: el[k] for k in mine}
+        return UnitStep(unit, names, True, kept, {n: bt_all[n] for n in names}, before, {},
+                        time.perf_counter() - t0, rejected=True)
+    same = same_element(new[unit], el[unit])
     cross = {}
     if cache is not None and not same:
         cross = cache.permuted(moved, unit, el[unit], new[unit])
-    return UnitStep(unit, names, same, new, moved, terms, cross, time.perf_counter() - t0)
+    return UnitStep(unit, names, same, new, moved, terms, cross, time.perf_counter() - t0,
+                    rejected=rejected)
+
+
+def _lowers(terms: dict[str, float], before: dict[str, float]) -> bool:
+    """Whether the terms sum to no more than before (up to rounding)."""
+    now, then = sum(terms.values()), sum(before.values())
+    return now <= then + 1e-12 * abs(then)
+
+
+def same_element(x: Element, y: Element) -> bool:
+    """Whether two elements are equal (permutations: the same order)."""
+    if isinstance(x, Permutation) and isinstance(y, Permutation):
+        return torch.equal(x.perm, y.perm)
+    tx, ty = x.tensors(), y.tensors()
+    return tx.keys() == ty.keys() and all(torch.equal(tx[k], ty[k]) for k in tx)
 
 
 def solved_in_order(pool: ThreadPoolExecutor, depth: int, prob: Problem,
@@ -184,7 +226,7 @@ def unit_workers(prob: Problem, threads: int) -> tuple[int, int]:
     units in flight. Units that share a tensor are solved one after another."""
     if not prob.independent or not prob.units:
         return 1, 1
-    n = max(prob.spec.spaces[u].size // prob.spec.spaces[u].block for u in prob.units)
+    n = max(prob.groups[u].n for u in prob.units)
     fit = max(1, UNITS_IN_FLIGHT_BYTES // (12 * n * n) - 1)
     workers = max(1, min(threads, fit))
     return workers, workers + 1
@@ -283,22 +325,25 @@ class Descent:
         """One iteration: every due unit given the others, then the residual map given them
         all. Returns the trace's row."""
         cpu: dict[str, float] = defaultdict(float)  # worker seconds per kind of unit
-        changed, t0 = 0, time.perf_counter()
+        changed, rejected, t0 = 0, 0, time.perf_counter()
         for step in solved_in_order(workers.pool, workers.depth, self.prob, self.cache, due,
                                     self.el, self.bt_all):
             self.take(step)
             changed += not step.same
+            rejected += step.rejected
             sweeps.solved(step.unit, step.same, it)
             cpu[self.prob.spec.roles.get(step.unit, "permutation")] += step.seconds
         wall = {"units": time.perf_counter() - t0}  # wall seconds per phase
+        residual_kept = False
         if self.cache is not None:
             t0 = time.perf_counter()
-            self.step_residual()
+            residual_kept = not self.step_residual()
             wall["residual"] = time.perf_counter() - t0
         distance = self.distance()
         return {"iteration": it + 1, "distance": distance,
                 "relative": relative(distance, self.scale),
                 "units_solved": len(due), "units_changed": changed,
+                "units_rejected": rejected, "residual_rejected": residual_kept,
                 "seconds": {k: round(v, 4) for k, v in wall.items()},
                 "unit_seconds": {k: round(v, 4) for k, v in cpu.items()}}
 
@@ -310,16 +355,21 @@ class Descent:
         if not step.same and self.cache is not None:
             self.cache.cross.update(step.cross)
 
-    def step_residual(self) -> None:
+    def step_residual(self) -> bool:
         """The residual map given all the others: D's exact minimiser (linearised where it
-        acts twice on a tensor, as on circuit-form attention)."""
+        acts twice on a tensor, as on circuit-form attention, so taken only if D does not
+        rise). Returns whether it was taken."""
         assert self.cache is not None and self.solo is not None
         new = self.cache.solve(self.el, self.solo.const)
         terms, moved = self.cache.terms(new, self.el)  # (moves the fresh tensors)
         terms["<solo>"] = self.solo.term(new)
+        before = sum(self.terms[n] for n in terms)
+        if sum(terms.values()) > before + 1e-12 * abs(before):
+            return False
         self.el[self.prob.stream] = new
         self.terms.update(terms)
         self.cache.moved(moved, new)
+        return True
 
 
 def weight_matching(
@@ -340,7 +390,7 @@ def weight_matching(
     opts = opts or WeightMatchingOptions()
     check_pair(a, b, where)
     if opts.fix_ones is None:
-        opts = replace(opts, fix_ones=centred_pair(a, b))
+        opts = replace(opts, fix_ones=fixes_ones(a, b))
     descent = Descent.start(Problem(a, b, opts), a.dtype)
     sweeps = Sweeps(descent.prob.units, opts.tol)  # (inner spaces are solved with their heads)
     trace: list[dict] = []

@@ -1,243 +1,56 @@
-"""Groups of the symmetry spaces and their elements.
+"""The symmetry groups of the spaces: pure algebra (identity, random elements, subgroups).
 
-A *space* is a vector space that several tensor axes share (the residual stream, the hidden
-units of one MLP, the heads of one attention layer). A *group* says which maps of that space
-preserve the network's function; an *element* is one such map.
+A *space* is an index set that several tensor axes share (the residual stream, the hidden
+units of one MLP, the heads of one attention layer, the inner basis of each head). Its group
+says which maps of it preserve the network's function; its elements
+(:mod:`glmc.symmetry.elements`) act on the axes.
 
-Every element acts on one tensor axis with a *variance*:
+Groups are types, one per kind; each knows its identity, its random elements and its
+subgroups (the permutation-only ablation replaces every group by ``permutations()``; a named
+``subgroup`` restricts it further). How the matchers solve for a group, and the latent that
+learned matching trains for it, are registered by group type in :mod:`glmc.matching` — a new
+kind of symmetry is a new class here plus its step and latent there.
 
-- ``"out"`` (contravariant, e.g. the output side of a Linear weight): ``x <- T x``;
-- ``"in"`` (covariant, e.g. the input side of a Linear weight, or key rows that pair with
-  query rows): ``x <- T^{-T} x``, i.e. ``W <- W T^{-1}`` on the input side.
-
-For permutations and orthogonal maps the two coincide. Elements are immutable values:
-``compose``, ``inverse`` and ``apply`` return new tensors.
-
-Groups are types, one per kind (``PermutationGroup``, ``OrthogonalGroup``,
-``BlockInvertibleGroup``): each knows its identity, its random elements, its step in weight
-matching (``solve``: the element maximising a linear objective) and its latent in learned
-matching (``latent``), so the matchers never ask which kind a space is. A new kind is a new
-subclass (it registers its ``kind`` for ``group_from_json``).
+Sizes: a group of ``n`` items acts on any axis cut into ``n`` chunks (see
+:mod:`glmc.symmetry.elements`); block groups act on ``n`` blocks of ``k`` coordinates.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import torch
 
-from glmc.errors import GlmcError
+from glmc.symmetry.elements import (
+    BlockMatrix,
+    Element,
+    Matrix,
+    Permutation,
+    Variance,
+    element_from_tensors,
+    element_meta,
+)
 
-Variance = Literal["out", "in"]
-
-
-def _move(x: torch.Tensor, axis: int) -> torch.Tensor:
-    return x.movedim(axis, 0)
-
-
-# --------------------------------------------------------------------------------------------
-# Elements
-# --------------------------------------------------------------------------------------------
-
-
-class Element:
-    """A group element acting on an axis of size ``size``."""
-
-    size: int
-    kind: str
-
-    def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        """Dense (size, size) matrix T."""
-        raise NotImplementedError
-
-    def apply(self, x: torch.Tensor, axis: int, variance: Variance) -> torch.Tensor:
-        raise NotImplementedError
-
-    def inverse(self) -> Element:
-        raise NotImplementedError
-
-    def compose(self, other: Element) -> Element:
-        """``self ∘ other``: apply ``other`` first, then ``self`` (T = T_self · T_other)."""
-        m = self.matrix(torch.float64) @ other.matrix(torch.float64)
-        orth = getattr(self, "orthogonal", True) and getattr(other, "orthogonal", True)
-        return Matrix(m, orthogonal=orth)
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The tensors that define the element (for saving)."""
-        raise NotImplementedError
-
-    def to(self, dtype: torch.dtype) -> Element:
-        return self
+__all__ = ["GROUP_KINDS", "BlockInvertibleGroup", "BlockMatrix", "BlockOrthogonalGroup",
+           "BlockPermutationGroup", "Element", "Group", "GroupedPermutationGroup", "Matrix",
+           "OrthogonalGroup", "Permutation", "PermutationGroup", "RotaryGroup", "Variance",
+           "element_from_tensors", "element_meta", "embed_fixing_ones", "group_from_json",
+           "group_kind", "ones_complement_basis", "random_orthogonal"]
 
 
-@dataclass(frozen=True, eq=False)
-class Permutation(Element):
-    """Block permutation: block ``i`` of the result is block ``perm[i]`` of the input.
-
-    ``perm`` has shape (n_blocks,); the axis has size ``n_blocks * block``. ``block > 1``
-    permutes attention heads as units of ``head_dim`` rows.
-    """
-
-    perm: torch.Tensor
-    block: int = 1
-    kind = "permutation"
-    orthogonal = True
-
-    @property
-    def size(self) -> int:  # type: ignore[override]
-        return self.perm.numel() * self.block
-
-    def index(self) -> torch.Tensor:
-        """Row index of length ``size``: result row r is input row ``index[r]``."""
-        if self.block == 1:
-            return self.perm
-        offs = torch.arange(self.block, device=self.perm.device)
-        return (self.perm[:, None] * self.block + offs[None, :]).reshape(-1)
-
-    def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        eye = torch.eye(self.size, dtype=dtype, device=self.perm.device)
-        return eye[self.index()]
-
-    def apply(self, x: torch.Tensor, axis: int, variance: Variance) -> torch.Tensor:
-        return x.index_select(axis, self.index().to(x.device))
-
-    def inverse(self) -> Permutation:
-        return Permutation(torch.argsort(self.perm), self.block)
-
-    def compose(self, other: Element) -> Element:
-        if isinstance(other, Permutation) and other.block == self.block:
-            return Permutation(other.perm[self.perm], self.block)
-        return super().compose(other)
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {"perm": self.perm}
-
-    def is_identity(self) -> bool:
-        return bool(torch.equal(self.perm, torch.arange(self.perm.numel())))
-
-
-@dataclass(frozen=True, eq=False)
-class Matrix(Element):
-    """A dense map T of shape (n, n): orthogonal (T^{-1} = T^T) or general invertible."""
-
-    m: torch.Tensor
-    orthogonal: bool = True
-    kind = "matrix"
-
-    @property
-    def size(self) -> int:  # type: ignore[override]
-        return self.m.shape[0]
-
-    def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        return self.m.to(dtype)
-
-    def _acting(self, variance: Variance) -> torch.Tensor:
-        if variance == "out" or self.orthogonal:
-            return self.m
-        return torch.linalg.inv(self.m.double()).T.to(self.m.dtype)
-
-    def apply(self, x: torch.Tensor, axis: int, variance: Variance) -> torch.Tensor:
-        t = self._acting(variance).to(x.dtype)
-        if axis == x.dim() - 1:  # x·Tᵀ keeps x's row-major layout (later products stay fast)
-            return x @ t.T
-        xf = _move(x, axis)
-        y = (t @ xf.reshape(xf.shape[0], -1)).reshape(xf.shape)
-        return y.movedim(0, axis)
-
-    def inverse(self) -> Matrix:
-        inv = self.m.T if self.orthogonal else torch.linalg.inv(self.m.double()).to(self.m.dtype)
-        return Matrix(inv.contiguous(), self.orthogonal)
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {"matrix": self.m}
-
-    def to(self, dtype: torch.dtype) -> Matrix:
-        return Matrix(self.m.to(dtype), self.orthogonal)
-
-
-@dataclass(frozen=True, eq=False)
-class BlockMatrix(Element):
-    """Block-diagonal map: ``blocks`` (n_blocks, b, b), block ``h`` acts on rows h*b:(h+1)*b.
-
-    The map inside each attention head (QK or OV inner basis).
-    """
-
-    blocks: torch.Tensor
-    orthogonal: bool = False
-    kind = "block_matrix"
-
-    @property
-    def size(self) -> int:  # type: ignore[override]
-        return self.blocks.shape[0] * self.blocks.shape[1]
-
-    def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        return torch.block_diag(*self.blocks.to(dtype))
-
-    def _acting(self, variance: Variance) -> torch.Tensor:
-        if variance == "out" or self.orthogonal:
-            return self.blocks
-        return self._inverse_transpose
-
-    @cached_property
-    def _inverse_transpose(self) -> torch.Tensor:
-        return torch.linalg.inv(self.blocks.double()).mT.to(self.blocks.dtype)
-
-    def apply(self, x: torch.Tensor, axis: int, variance: Variance) -> torch.Tensor:
-        t = self._acting(variance).to(x.dtype)
-        n, b, _ = t.shape
-        xf = _move(x, axis)
-        rest = xf.shape[1:]
-        y = torch.bmm(t, xf.reshape(n, b, -1)).reshape(n * b, *rest)
-        return y.movedim(0, axis)
-
-    def inverse(self) -> BlockMatrix:
-        if self.orthogonal:
-            return BlockMatrix(self.blocks.mT.contiguous(), True)
-        return BlockMatrix(self._inverse_transpose.mT.contiguous(), False)
-
-    def compose(self, other: Element) -> Element:
-        if isinstance(other, BlockMatrix) and other.blocks.shape == self.blocks.shape:
-            return BlockMatrix(self.blocks @ other.blocks, self.orthogonal and other.orthogonal)
-        return super().compose(other)
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {"blocks": self.blocks}
-
-    def to(self, dtype: torch.dtype) -> BlockMatrix:
-        return BlockMatrix(self.blocks.to(dtype), self.orthogonal)
-
-
-def element_from_tensors(kind: str, tensors: dict[str, torch.Tensor], meta: dict) -> Element:
-    """Inverse of ``Element.tensors`` plus the metadata saved beside it."""
-    if kind == "permutation":
-        return Permutation(tensors["perm"].long(), int(meta.get("block", 1)))
-    if kind == "matrix":
-        return Matrix(tensors["matrix"], bool(meta["orthogonal"]))
-    if kind == "block_matrix":
-        return BlockMatrix(tensors["blocks"], bool(meta["orthogonal"]))
-    raise ValueError(f"unknown element kind {kind!r}")
-
-
-def element_meta(e: Element) -> dict:
-    meta: dict = {"kind": e.kind}
-    if isinstance(e, Permutation):
-        meta["block"] = e.block
-    else:
-        meta["orthogonal"] = bool(e.orthogonal)  # type: ignore[attr-defined]
-    return meta
-
-
-# --------------------------------------------------------------------------------------------
-# Groups
-# --------------------------------------------------------------------------------------------
-
-
-def _random_orthogonal(n: int, g: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+def random_orthogonal(n: int, g: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """A Haar-random orthogonal (n, n) matrix."""
     q, r = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
     return (q * torch.sign(torch.diagonal(r))).to(dtype)
+
+
+def _random_invertible(k: int, g: torch.Generator) -> torch.Tensor:
+    """A well-conditioned invertible (k, k) matrix: singular values in [e^-0.5, e^0.5]."""
+    q1, q2 = random_orthogonal(k, g, torch.float64), random_orthogonal(k, g, torch.float64)
+    s = torch.exp(torch.rand(k, generator=g, dtype=torch.float64) - 0.5)
+    return q1 @ torch.diag(s) @ q2
 
 
 def ones_complement_basis(n: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -266,20 +79,9 @@ GROUP_KINDS: dict[str, type[Group]] = {}
 
 @dataclass(frozen=True)
 class Group:
-    """The symmetry group of one space: ``size`` coordinates in ``size // block`` blocks.
+    """The symmetry group of one space of ``n`` items (chunks of an axis)."""
 
-    One subclass per kind, each with its identity, random elements, its step in weight
-    matching (``solve``) and its latent in learned matching (``latent``):
-
-    - :class:`PermutationGroup`: permutations of the blocks (block > 1: attention heads);
-    - :class:`OrthogonalGroup`: O(size), the residual stream in canonical (RMSNorm) form;
-    - :class:`BlockInvertibleGroup`: GL(block)^(size // block), the inner basis of each head.
-
-    ``group_kind(name)`` is the class of a kind's name (as saved in a spec's JSON).
-    """
-
-    size: int
-    block: int = 1
+    n: int
     #: The name saved with a spec (``to_json``); ``group_kind`` finds the class by it.
     kind: ClassVar[str] = ""
     #: Whether its elements keep every tensor's norm (permutations and orthogonal maps do).
@@ -291,46 +93,33 @@ class Group:
             GROUP_KINDS[cls.kind] = cls
 
     @property
-    def n_blocks(self) -> int:
-        return self.size // self.block
+    def size(self) -> int:
+        """The axis size its elements act on without broadcasting (n, or n·k for blocks)."""
+        return self.n
+
+    def fits(self, axis_size: int) -> bool:
+        """Whether its elements act on an axis of ``axis_size`` entries."""
+        return axis_size % self.size == 0
 
     def identity(self, dtype: torch.dtype = torch.float32) -> Element:
         raise NotImplementedError
 
-    def random(
-        self,
-        generator: torch.Generator,
-        dtype: torch.dtype = torch.float64,
-        *,
-        subgroup: str | None = None,
-    ) -> Element:
-        """A random element (of ``subgroup``, a name the kind defines, when given)."""
+    def random(self, generator: torch.Generator, dtype: torch.dtype = torch.float64) -> Element:
         raise NotImplementedError
 
-    def permutations(self) -> PermutationGroup:
+    def permutations(self) -> Group:
         """Its subgroup of permutation matrices (the permutation-only ablation)."""
         raise NotImplementedError(f"a {self.kind} group has no permutation subgroup here")
 
-    def solve(self, m: torch.Tensor, current: Element | None = None, *, fix_ones: bool = False,
-              dtype: torch.dtype = torch.float32) -> Element:
-        """The element T maximising ⟨T, m⟩, weight matching's step (m: one row and column
-        per block, A's by B's). ``current``: the element it replaces (a warm start);
-        ``fix_ones``: among the maps that fix the all-ones direction; ``dtype``: of a dense
-        result."""
-        raise NotImplementedError(f"a {self.kind} group has no step of its own")
-
-    def latent(self, start: Element, *, space: str = "", fix_ones: bool = False,
-               inner: str = "invertible") -> torch.nn.Module | None:
-        """Learned matching's latent for this group, at ``start`` (see
-        ``glmc.matching.parametrize``); None: the element stays as it is.
-
-        fix_ones: orthogonal maps keep the all-ones direction; inner: the subgroup a head's
-        inner maps learn in ("invertible", "orthogonal" or "permutation": kept fixed).
-        space: the space's name, for messages."""
-        return None
+    def subgroup(self, name: str) -> Group:
+        """A named subgroup: ``"permutation"`` (:meth:`permutations`), or one the kind
+        defines (``"orthogonal"``, ``"fix_ones"``); the group itself for its own name."""
+        if name == "permutation":
+            return self.permutations()
+        raise ValueError(f"a {self.kind} group has no subgroup {name!r}")
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "size": self.size, "block": self.block}
+        return {"kind": self.kind, **{k: v for k, v in self.__dict__.items()}}
 
 
 def group_kind(kind: str) -> type[Group]:
@@ -342,119 +131,252 @@ def group_kind(kind: str) -> type[Group]:
 
 def group_from_json(d: dict) -> Group:
     """Inverse of ``Group.to_json``."""
-    return group_kind(d["kind"])(int(d["size"]), int(d.get("block", 1)))
+    fields = {k: v for k, v in d.items() if k != "kind"}
+    return group_kind(d["kind"])(**fields)
 
 
+# -- permutations ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
 class PermutationGroup(Group):
-    """Permutations of the ``n_blocks`` blocks (block > 1: attention heads, ``block`` rows
-    each)."""
+    """Permutations of the ``n`` items (MLP units, attention heads as chunks of rows)."""
 
-    kind = "permutation"
+    kind: ClassVar[str] = "permutation"
 
     def identity(self, dtype: torch.dtype = torch.float32) -> Permutation:
-        return Permutation(torch.arange(self.n_blocks), self.block)
+        return Permutation(torch.arange(self.n))
 
-    def random(self, generator: torch.Generator, dtype: torch.dtype = torch.float64, *,
-               subgroup: str | None = None) -> Permutation:
-        return Permutation(torch.randperm(self.n_blocks, generator=generator), self.block)
+    def random(self, generator: torch.Generator, dtype: torch.dtype = torch.float64
+               ) -> Permutation:
+        return Permutation(torch.randperm(self.n, generator=generator))
 
     def permutations(self) -> PermutationGroup:
         return self
 
-    def solve(self, m: torch.Tensor, current: Element | None = None, *, fix_ones: bool = False,
-              dtype: torch.dtype = torch.float32) -> Permutation:
-        """A linear assignment (skipped when ``current`` is already optimal)."""
-        from glmc.matching.solvers import assignment
 
-        warm = current.perm if isinstance(current, Permutation) else None
-        return Permutation(assignment(m, warm), self.block)
+@dataclass(frozen=True)
+class GroupedPermutationGroup(Group):
+    """Permutations of ``n`` items in ``groups`` contiguous groups, each within its group: the
+    query heads that read one key/value head (grouped-query attention), reordered among
+    themselves."""
 
-    def latent(self, start: Element, *, space: str = "", fix_ones: bool = False,
-               inner: str = "invertible") -> torch.nn.Module:
-        """A real matrix, the hard assignment forward, straight-through backward."""
-        from glmc.matching.parametrize import PermutationLatent
+    groups: int = 1
+    kind: ClassVar[str] = "grouped_permutation"
 
-        if not isinstance(start, Permutation):
-            raise GlmcError(f"space {space}: the start is not a permutation (the "
-                            "permutation-only ablation starts from weight matching with "
-                            "residual=permutation)")
-        return PermutationLatent(start)
+    def __post_init__(self) -> None:
+        if self.groups < 1 or self.n % self.groups:
+            raise ValueError(f"{self.groups} groups do not divide {self.n} items")
+
+    @property
+    def per_group(self) -> int:
+        return self.n // self.groups
+
+    def identity(self, dtype: torch.dtype = torch.float32) -> Permutation:
+        return Permutation(torch.arange(self.n))
+
+    def random(self, generator: torch.Generator, dtype: torch.dtype = torch.float64
+               ) -> Permutation:
+        r = self.per_group
+        inner = torch.stack([torch.randperm(r, generator=generator)
+                             for _ in range(self.groups)])
+        return Permutation((inner + torch.arange(self.groups)[:, None] * r).reshape(-1))
+
+    def permutations(self) -> GroupedPermutationGroup:
+        return self
+
+    def contains(self, e: Element) -> bool:
+        """Whether ``e`` moves every item within its group."""
+        r = self.per_group
+        return isinstance(e, Permutation) and bool(
+            torch.equal(e.perm // r, torch.arange(self.n) // r))
 
 
+# -- the residual stream ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
 class OrthogonalGroup(Group):
-    """O(size): the residual stream. Subgroups: ``"permutation"`` (its permutation matrices:
-    the permutation-only ablation) and ``"fix_ones"`` (the maps that fix the all-ones
-    direction, so that a LayerNorm model stays a LayerNorm model)."""
+    """O(n): the residual stream in canonical (RMSNorm) form. Subgroups: ``"permutation"``
+    (its permutation matrices: the permutation-only ablation) and ``"fix_ones"`` (the maps
+    that fix the all-ones direction, so that a LayerNorm model stays a LayerNorm model)."""
 
-    kind = "orthogonal"
+    kind: ClassVar[str] = "orthogonal"
+
+    def fits(self, axis_size: int) -> bool:
+        return axis_size == self.n
 
     def identity(self, dtype: torch.dtype = torch.float32) -> Matrix:
-        return Matrix(torch.eye(self.size, dtype=dtype), orthogonal=True)
+        return Matrix(torch.eye(self.n, dtype=dtype), orthogonal=True)
 
     def permutations(self) -> PermutationGroup:
-        return PermutationGroup(self.size)
+        return PermutationGroup(self.n)
 
-    def random(self, generator: torch.Generator, dtype: torch.dtype = torch.float64, *,
-               subgroup: str | None = None) -> Element:
-        if subgroup == "permutation":
-            return self.permutations().random(generator, dtype)
-        if subgroup == "fix_ones":
-            small = _random_orthogonal(self.size - 1, generator, torch.float64)
-            return Matrix(embed_fixing_ones(small).to(dtype), orthogonal=True)
-        return Matrix(_random_orthogonal(self.size, generator, dtype), orthogonal=True)
+    def subgroup(self, name: str) -> Group:
+        if name in ("fix_ones", "orthogonal"):
+            return self if name == "orthogonal" else FixOnesGroup(self.n)
+        return super().subgroup(name)
 
-    def solve(self, m: torch.Tensor, current: Element | None = None, *, fix_ones: bool = False,
-              dtype: torch.dtype = torch.float32) -> Matrix:
-        """Orthogonal Procrustes."""
-        from glmc.matching.solvers import procrustes
-
-        return Matrix(procrustes(m, fix_ones).to(dtype), orthogonal=True)
-
-    def latent(self, start: Element, *, space: str = "", fix_ones: bool = False,
-               inner: str = "invertible") -> torch.nn.Module:
-        """O₀·cayley(A), A skew: exactly orthogonal at every step."""
-        from glmc.matching.parametrize import OrthogonalLatent
-
-        return OrthogonalLatent(start, fix_ones)
+    def random(self, generator: torch.Generator, dtype: torch.dtype = torch.float64) -> Matrix:
+        return Matrix(random_orthogonal(self.n, generator, dtype), orthogonal=True)
 
 
-class BlockInvertibleGroup(Group):
-    """GL(block) on each block: the inner basis of each head. Subgroups: ``"orthogonal"``
-    and ``"permutation"`` (each block a permutation: the head dimensions reordered). Weight
-    matching solves it with the permutation of its blocks (the heads)."""
+@dataclass(frozen=True)
+class FixOnesGroup(OrthogonalGroup):
+    """The orthogonal maps of R^n that fix the all-ones direction (a LayerNorm model's
+    residual maps that keep it exportable as a LayerNorm model)."""
 
-    kind = "block_invertible"
-    isometric = False
+    kind: ClassVar[str] = "fix_ones"
+
+    def subgroup(self, name: str) -> Group:
+        return self if name in ("fix_ones", "orthogonal") else super().subgroup(name)
+
+    def random(self, generator: torch.Generator, dtype: torch.dtype = torch.float64) -> Matrix:
+        small = random_orthogonal(self.n - 1, generator, torch.float64)
+        return Matrix(embed_fixing_ones(small).to(dtype), orthogonal=True)
+
+
+# -- the inner bases of heads ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _BlockGroup(Group):
+    """A map of each of ``n`` blocks of ``k`` coordinates (the inner basis of each head)."""
+
+    k: int = 1
+
+    @property
+    def size(self) -> int:
+        return self.n * self.k
 
     def identity(self, dtype: torch.dtype = torch.float32) -> BlockMatrix:
-        eye = torch.eye(self.block, dtype=dtype).expand(self.n_blocks, -1, -1)
+        eye = torch.eye(self.k, dtype=dtype).expand(self.n, -1, -1)
         return BlockMatrix(eye.clone(), orthogonal=True)
 
-    def random(self, generator: torch.Generator, dtype: torch.dtype = torch.float64, *,
-               subgroup: str | None = None) -> BlockMatrix:
-        if subgroup == "permutation":
-            eye = torch.eye(self.block, dtype=dtype)
-            blocks = [eye[torch.randperm(self.block, generator=generator)]
-                      for _ in range(self.n_blocks)]
-            return BlockMatrix(torch.stack(blocks), orthogonal=True)
-        blocks = []
-        for _ in range(self.n_blocks):
-            q1 = _random_orthogonal(self.block, generator, torch.float64)
-            if subgroup == "orthogonal":
-                blocks.append(q1)
-                continue
-            q2 = _random_orthogonal(self.block, generator, torch.float64)
-            # Well-conditioned: singular values in [e^-0.5, e^0.5].
-            u = torch.rand(self.block, generator=generator, dtype=torch.float64)
-            s = torch.exp(u - 0.5)
-            blocks.append(q1 @ torch.diag(s) @ q2)
-        return BlockMatrix(torch.stack(blocks).to(dtype), orthogonal=subgroup == "orthogonal")
+    def random(self, generator: torch.Generator, dtype: torch.dtype = torch.float64
+               ) -> BlockMatrix:
+        blocks = torch.stack([self._random_block(generator) for _ in range(self.n)])
+        return BlockMatrix(blocks.to(dtype), orthogonal=self.isometric)
 
-    def latent(self, start: Element, *, space: str = "", fix_ones: bool = False,
-               inner: str = "invertible") -> torch.nn.Module | None:
-        """M₀·(I + W) per block (M₀·cayley(W) for "orthogonal"; M₀ for "permutation")."""
-        from glmc.matching.parametrize import BlockLatent
+    def _random_block(self, g: torch.Generator) -> torch.Tensor:
+        raise NotImplementedError
 
-        if not isinstance(start, BlockMatrix):
-            return None
-        return BlockLatent(start, "fixed" if inner == "permutation" else inner)
+
+@dataclass(frozen=True)
+class BlockInvertibleGroup(_BlockGroup):
+    """GL(k) on each block: the inner basis of each head (W_Q·M with W_K·M⁻ᵀ keeps the QK
+    circuit; W_V·N with N⁻¹·W_O keeps the OV circuit)."""
+
+    kind: ClassVar[str] = "block_invertible"
+    isometric: ClassVar[bool] = False
+
+    def _random_block(self, g: torch.Generator) -> torch.Tensor:
+        return _random_invertible(self.k, g)
+
+    def permutations(self) -> BlockPermutationGroup:
+        return BlockPermutationGroup(self.n, self.k)
+
+    def subgroup(self, name: str) -> Group:
+        if name == "invertible":
+            return self
+        if name == "orthogonal":
+            return BlockOrthogonalGroup(self.n, self.k)
+        return super().subgroup(name)
+
+
+@dataclass(frozen=True)
+class BlockOrthogonalGroup(_BlockGroup):
+    """O(k) on each block."""
+
+    kind: ClassVar[str] = "block_orthogonal"
+
+    def _random_block(self, g: torch.Generator) -> torch.Tensor:
+        return random_orthogonal(self.k, g, torch.float64)
+
+    def permutations(self) -> BlockPermutationGroup:
+        return BlockPermutationGroup(self.n, self.k)
+
+    def subgroup(self, name: str) -> Group:
+        return self if name in ("orthogonal", "invertible") else super().subgroup(name)
+
+
+@dataclass(frozen=True)
+class BlockPermutationGroup(_BlockGroup):
+    """A permutation of each block's coordinates ``fixed`` to ``k`` (the first ``fixed`` stay:
+    rotary ones, which no permutation but the identity commutes with)."""
+
+    fixed: int = 0
+    kind: ClassVar[str] = "block_permutation"
+
+    def _random_block(self, g: torch.Generator) -> torch.Tensor:
+        order = torch.cat([torch.arange(self.fixed),
+                           self.fixed + torch.randperm(self.k - self.fixed, generator=g)])
+        return torch.eye(self.k, dtype=torch.float64)[order]
+
+    def permutations(self) -> BlockPermutationGroup:
+        return self
+
+    def subgroup(self, name: str) -> Group:
+        return self if name in ("orthogonal", "invertible") else super().subgroup(name)
+
+
+@dataclass(frozen=True)
+class RotaryGroup(_BlockGroup):
+    """The maps of each head's query/key basis that commute with every rotary rotation.
+
+    Rotary embeddings rotate the pairs (i, i + rotary/2), i < rotary/2, of the first
+    ``rotary`` coordinates (transformers' rotate-half layout) by position-dependent angles; a
+    map M of the queries, with M⁻ᵀ on the keys, keeps every score only if it commutes with
+    all of them: on each pair one complex scalar (a scale times a 2×2 rotation), and any
+    invertible map on the ``k - rotary`` coordinates the rotation leaves alone (partial
+    rotary). ``orthogonal``: unit scalars and orthogonal maps (its orthogonal subgroup).
+    """
+
+    rotary: int = 0
+    orthogonal: bool = False
+    kind: ClassVar[str] = "rotary"
+
+    def __post_init__(self) -> None:
+        if self.rotary % 2 or not 0 < self.rotary <= self.k:
+            raise ValueError(f"rotary dimensions {self.rotary} must be even and in (0, "
+                             f"{self.k}]")
+
+    @property
+    def isometric(self) -> bool:  # type: ignore[override]
+        return self.orthogonal
+
+    def _random_block(self, g: torch.Generator) -> torch.Tensor:
+        h, k = self.rotary // 2, self.k
+        theta = 2 * math.pi * torch.rand(h, generator=g, dtype=torch.float64)
+        scale = (torch.ones(h, dtype=torch.float64) if self.orthogonal
+                 else torch.exp(torch.rand(h, generator=g, dtype=torch.float64) - 0.5))
+        block = torch.zeros(k, k, dtype=torch.float64)
+        block[:self.rotary, :self.rotary] = complex_blocks(scale * torch.cos(theta),
+                                                           scale * torch.sin(theta))
+        if k > self.rotary:
+            rest = k - self.rotary
+            block[self.rotary:, self.rotary:] = (random_orthogonal(rest, g, torch.float64)
+                                                 if self.orthogonal
+                                                 else _random_invertible(rest, g))
+        return block
+
+    def permutations(self) -> BlockPermutationGroup:
+        return BlockPermutationGroup(self.n, self.k, fixed=self.rotary)
+
+    def subgroup(self, name: str) -> Group:
+        if name == "invertible":
+            return self
+        if name == "orthogonal":
+            return RotaryGroup(self.n, self.k, self.rotary, orthogonal=True)
+        return super().subgroup(name)
+
+
+def complex_blocks(re: torch.Tensor, im: torch.Tensor) -> torch.Tensor:
+    """The (2h, 2h) map that multiplies x_i + i·x_{i+h} by re_i + i·im_i (h = len(re)): the
+    rotate-half layout's complex scalars, one per frequency pair."""
+    h = re.numel()
+    out = torch.zeros(2 * h, 2 * h, dtype=re.dtype)
+    i = torch.arange(h)
+    out[i, i], out[i + h, i + h] = re, re
+    out[i, i + h], out[i + h, i] = -im, im
+    return out

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from glmc.errors import GlmcError, reason
 from glmc.io.atomic import atomic_path
-from glmc.symmetry.groups import BlockMatrix, Element, element_from_tensors, element_meta
+from glmc.symmetry.elements import Element, element_from_tensors, element_meta
 from glmc.symmetry.spec import SymmetrySpec
 from glmc.tensors import StateDict
 
@@ -44,21 +44,14 @@ def unapply_axes(x: torch.Tensor, tags: tuple, elements: dict[str, Element]) -> 
     return x
 
 
-def nested_pairs(spec: SymmetrySpec) -> set[tuple[str, str]]:
-    """(inner, outer) spaces that share an axis, inner applied first."""
-    pairs = set()
-    for tags in spec.axes.values():
-        for tag in tags:
-            if tag and len(tag) == 2:
-                pairs.add((tag[0][0], tag[1][0]))
-    return pairs
-
-
-def _permute_blocks(e: Element, perm: torch.Tensor) -> Element:
-    """blockdiag(X) -> blockdiag(X[perm]) (the conjugate P·X·P⁻¹)."""
-    if not isinstance(e, BlockMatrix):
-        raise TypeError(f"expected a block matrix for a nested space, got {e.kind}")
-    return BlockMatrix(e.blocks[perm], e.orthogonal)
+def _outers(spec: SymmetrySpec, space: str) -> list[tuple[str, int]]:
+    """The spaces applied after ``space`` on its most nested axis, inner first, with that
+    axis's size (empty when no space acts after it)."""
+    chain = spec.outer_chain(space)
+    if chain is None:
+        return []
+    after = chain.spaces[chain.spaces.index(space) + 1:]
+    return [(s, chain.size) for s in after]
 
 
 @dataclass
@@ -84,39 +77,45 @@ class Transform:
         dtype: torch.dtype = torch.float64,
         subgroups: Mapping[str, str] | None = None,
     ) -> Transform:
-        """A random element of every space; ``subgroups`` maps a role or space name to a
-        subgroup (see ``Group.random``)."""
+        """A random element of every space; ``subgroups`` maps a space's name or label
+        (``spec.roles``) to the name of the subgroup to draw from (``Group.subgroup``)."""
         subgroups = subgroups or {}
         elements = {}
         for name, group in spec.spaces.items():
             sub = subgroups.get(name, subgroups.get(spec.roles.get(name, ""), None))
-            elements[name] = group.random(generator, dtype, subgroup=sub)
+            elements[name] = (group if sub is None else group.subgroup(sub)).random(
+                generator, dtype)
         return cls(elements)
 
     # -- algebra --------------------------------------------------------------------------
-    # Where two spaces share an axis (a head's inner map, then the permutation of heads) the
-    # group is a semidirect product: T = P·blockdiag(M). Inverse and composition conjugate
-    # the inner blocks by the permutation: P·blockdiag(X)·P⁻¹ = blockdiag(X[perm]).
+    # Where spaces share an axis (a head's inner map, then the order of heads) the group is a
+    # semidirect product: on an axis carrying E_1 ... E_k (inner first) the map is
+    # T = E_k···E_1, and each outer E_j (a permutation of chunks) carries the inner blocks
+    # with it, E_j·X·E_j⁻¹ = X reindexed (``Element.conjugated``). Hence, per space j:
+    #   (T⁻¹)_j   = conj(E_k···E_{j+1}) (E_j⁻¹)
+    #   (S ∘ O)_j = conj((O_k···O_{j+1})⁻¹) (S_j) · O_j
 
     def inverse(self, spec: SymmetrySpec) -> Transform:
-        out = {k: e.inverse() for k, e in self.elements.items()}
-        for inner, outer in nested_pairs(spec):
-            if inner in out and outer in self.elements:
-                perm = self.elements[outer].perm  # type: ignore[attr-defined]
-                out[inner] = _permute_blocks(out[inner], perm)
+        out = {}
+        for space, e in self.elements.items():
+            x = e.inverse()
+            for outer, size in _outers(spec, space):
+                if outer in self.elements:
+                    x = x.conjugated(self.elements[outer], size)  # type: ignore[arg-type]
+            out[space] = x
         return Transform(out)
 
     def compose(self, other: Transform, spec: SymmetrySpec) -> Transform:
         """``self ∘ other``: apply ``other`` first."""
-        first = dict(self.elements)
-        for inner, outer in nested_pairs(spec):
-            if inner in first and outer in other.elements:
-                perm = other.elements[outer].perm  # type: ignore[attr-defined]
-                first[inner] = _permute_blocks(first[inner], torch.argsort(perm))
         out = {}
-        for k in set(first) | set(other.elements):
-            a, b = first.get(k), other.elements.get(k)
-            out[k] = a.compose(b) if a is not None and b is not None else (a or b)
+        for space in set(self.elements) | set(other.elements):
+            a, b = self.elements.get(space), other.elements.get(space)
+            if a is not None:
+                for outer, size in reversed(_outers(spec, space)):
+                    if outer in other.elements:
+                        o = other.elements[outer].inverse()
+                        a = a.conjugated(o, size)  # type: ignore[arg-type]
+            out[space] = a.compose(b) if a is not None and b is not None else (a or b)
         return Transform(out)
 
     # -- action ---------------------------------------------------------------------------

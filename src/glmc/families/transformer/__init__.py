@@ -1,12 +1,14 @@
-"""The transformer family: GPT-2 and ViT imported exactly into one canonical pre-norm
-transformer whose norms are weightless RMSNorms, so that the residual stream carries an
-orthogonal symmetry (see docs/design.md).
+"""The transformer family: GPT-2, ViT, Llama, Mistral, Qwen2 and GPT-NeoX imported exactly
+into one canonical pre-norm transformer whose norms are weightless RMSNorms, so that the
+residual stream carries an orthogonal symmetry (see docs/design.md).
 
 - ``family``: the family (:class:`TransformerFamily`); ``model``: the canonical config and
   module; ``spec``: its symmetry spec;
-- ``gpt2``, ``vit``: importers from the transformers classes and back; ``stock``, ``rewrite``:
-  what they share; ``circuit``: attention in circuit form;
-- ``train``: the stock architectures ``glmc train`` trains (``gpt2``, ``vit``).
+- ``gpt2``, ``vit``, ``llama`` (Llama, Mistral, Qwen2), ``gpt_neox``: importers from the
+  transformers classes and back; ``stock``, ``rewrite``: what they share; ``circuit``:
+  attention in circuit form;
+- ``train``: the stock architectures ``glmc train`` trains (``gpt2``, ``vit``, ``llama``,
+  ``gpt-neox``).
 
 This module only declares them (torch-free); each loads on first use.
 """
@@ -19,6 +21,10 @@ _HERE = "glmc.families.transformer"
 declare_family("transformer", f"{_HERE}.family:TransformerFamily")
 declare_importer(("gpt2",), f"{_HERE}.gpt2:GPT2Importer")
 declare_importer(("vit",), f"{_HERE}.vit:ViTImporter")
+declare_importer(("llama",), f"{_HERE}.llama:LlamaImporter")
+declare_importer(("mistral",), f"{_HERE}.llama:MistralImporter")
+declare_importer(("qwen2",), f"{_HERE}.llama:Qwen2Importer")
+declare_importer(("gpt_neox",), f"{_HERE}.gpt_neox:GPTNeoXImporter")
 declare_arch("gpt2", task="causal_lm", help="GPT2LMHeadModel on text",
              impl=f"{_HERE}.train:GPT2Arch")
 declare_arch("vit", task="image_classifier", help="ViTForImageClassification on images",

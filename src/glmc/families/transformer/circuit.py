@@ -10,6 +10,7 @@ and a constant O_h v_h that joins the output bias.
 
 from __future__ import annotations
 
+from glmc.errors import GlmcError
 from glmc.model import CanonicalModel
 
 
@@ -18,6 +19,11 @@ def to_circuit(model: CanonicalModel) -> CanonicalModel:
     cfg = model.config
     if cfg.attention == "circuit":
         return model
+    if cfg.rotary_dim or cfg.kv_heads != cfg.n_head or not (cfg.attn_bias and cfg.o_bias):
+        # (a rotary score is not a fixed bilinear form of the inputs; grouped heads share
+        # keys and values)
+        raise GlmcError(f"{cfg.describe()}: heads as circuits (--heads circuit) need learned "
+                        "positions, one key/value head per query head and attention biases")
     h, dh, d = cfg.n_head, cfg.head_dim, cfg.d_model
     state = {}
     for name, x in model.state.items():

@@ -3,7 +3,8 @@
 Stock layout: Conv1D weights are (in, out); ``c_attn`` fuses q, k, v along its output;
 ``lm_head`` may be tied to ``wte``; ``ln_f``'s bias has no reader bias to fold into, so it
 becomes the canonical ``norm_f.bias`` (β/γ in residual coordinates) when γ is well conditioned
-(see :data:`NORM_F_BIAS_MIN_GAMMA`), else an LM-head bias (head @ β; no stock equivalent).
+(see :func:`~glmc.families.transformer.rewrite.fold_final_norm`), else an LM-head bias
+(head @ β; no stock equivalent).
 """
 
 from __future__ import annotations
@@ -16,26 +17,18 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from glmc.errors import GlmcError
 from glmc.families.importers import Importer, NotRepresentable
-from glmc.families.transformer.rewrite import centre, fold_norm, settle_attention_biases
+from glmc.families.transformer.rewrite import (
+    NORM_F_BIAS_MIN_GAMMA,
+    centre,
+    fold_final_norm,
+    fold_norm,
+    settle_attention_biases,
+)
 from glmc.families.transformer.stock import base_config, require_stock_form
 from glmc.model import CanonicalModel
 from glmc.tensors import StateDict
 
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers of old files
-
-#: ln_f's β stays a residual vector, ``norm_f.bias = β/γ``, only when every |γ_i| is at least
-#: this fraction of rms(γ). A smaller γ_i blows β_i/γ_i up (10⁴ times the rest for
-#: γ_i = 10⁻⁴·rms(γ)): one huge, badly conditioned coordinate that matching and interpolation
-#: then mix into well-scaled ones. Below it β goes into an LM-head bias instead (exact, but the
-#: stock lm_head has no bias, so such a model is exported as a glmc folder).
-NORM_F_BIAS_MIN_GAMMA = 1e-2
-
-
-def norm_f_bias_conditioned(gamma: torch.Tensor) -> bool:
-    """Whether β/γ is well conditioned: every |γ_i| >= NORM_F_BIAS_MIN_GAMMA·rms(γ), γ (d,)."""
-    rms = gamma.double().square().mean().sqrt()
-    return bool(rms > 0) and bool((gamma.double().abs() >= NORM_F_BIAS_MIN_GAMMA * rms).all())
-
 
 class GPT2Importer(Importer):
     name = "gpt2"
@@ -97,13 +90,8 @@ class GPT2Importer(Importer):
             out[f"{m}.proj.bias"] = centre(s[f"{p}.mlp.c_proj.bias"], 0)
         settle_attention_biases(out, c.n_layer)
         head = s.get("lm_head.weight", s[f"{t}.wte.weight"])
-        gamma, beta = s[f"{t}.ln_f.weight"], s[f"{t}.ln_f.bias"]
-        out["head.weight"] = head * gamma[None, :]
-        norm_f_bias = norm_f_bias_conditioned(gamma)
-        if norm_f_bias:  # keep β as a residual vector so the model stays a stock GPT-2
-            out["norm_f.bias"] = beta / gamma
-        else:  # γ has (near-)zeros: β's effect lives in the logits
-            out["head.bias"] = head @ beta
+        out |= fold_final_norm(head, s[f"{t}.ln_f.weight"], s[f"{t}.ln_f.bias"])
+        norm_f_bias = "norm_f.bias" in out
         cfg = base_config(
             c, "causal_lm", d_model=d, n_layer=c.n_layer, n_head=h, head_dim=d // h,
             d_mlp=c.n_inner or 4 * d, activation=c.activation_function,

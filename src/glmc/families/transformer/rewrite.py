@@ -43,3 +43,30 @@ def settle_attention_biases(state: dict[str, torch.Tensor], n_layer: int) -> Non
         state[f"{a}.o.bias"] = state[f"{a}.o.bias"] + state[f"{a}.o.weight"] @ state[f"{a}.v.bias"]
         state[f"{a}.k.bias"] = torch.zeros_like(state[f"{a}.k.bias"])
         state[f"{a}.v.bias"] = torch.zeros_like(state[f"{a}.v.bias"])
+
+
+#: ln_f's β stays a residual vector, ``norm_f.bias = β/γ``, only when every |γ_i| is at least
+#: this fraction of rms(γ). A smaller γ_i blows β_i/γ_i up (10⁴ times the rest for
+#: γ_i = 10⁻⁴·rms(γ)): one huge, badly conditioned coordinate that matching and interpolation
+#: then mix into well-scaled ones. Below it β goes into an LM-head bias instead (exact, but the
+#: stock lm_head has no bias, so such a model is exported as a glmc folder).
+NORM_F_BIAS_MIN_GAMMA = 1e-2
+
+
+def norm_f_bias_conditioned(gamma: torch.Tensor) -> bool:
+    """Whether β/γ is well conditioned: every |γ_i| >= NORM_F_BIAS_MIN_GAMMA·rms(γ), γ (d,)."""
+    rms = gamma.double().square().mean().sqrt()
+    return bool(rms > 0) and bool((gamma.double().abs() >= NORM_F_BIAS_MIN_GAMMA * rms).all())
+
+
+def fold_final_norm(head: torch.Tensor, gamma: torch.Tensor,
+                    beta: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The final LayerNorm folded into a head without a bias: ``head.weight`` = head·diag γ,
+    and β kept as the residual vector ``norm_f.bias`` = β/γ when γ is well conditioned (the
+    model stays its stock class), else ``head.bias`` = head·β (exact; no stock equivalent)."""
+    out = {"head.weight": head * gamma[None, :]}
+    if norm_f_bias_conditioned(gamma):
+        out["norm_f.bias"] = beta / gamma
+    else:  # γ has (near-)zeros: β's effect lives in the logits
+        out["head.bias"] = head @ beta
+    return out

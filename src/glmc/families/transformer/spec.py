@@ -1,22 +1,46 @@
 """The symmetry spec of a canonical transformer, as a table.
 
-Spaces: ``res`` (residual stream, orthogonal), ``mlp.{i}`` (hidden units, permutation),
-``heads.{i}`` (order of heads, block permutation), and in head form ``qk.{i}`` / ``ov.{i}``
-(each head's inner bases, invertible per head).
+Spaces, per layer i:
+
+- ``res``: the residual stream, orthogonal (a LayerNorm model's must fix the all-ones
+  direction to be written back as its stock class: ``export``);
+- ``mlp.{i}``: the hidden units, a permutation (a gated MLP's gate and up rows and down
+  columns share it);
+- ``heads.{i}``: the order of the key/value heads (of the heads, without grouped-query
+  attention), a permutation of head-sized chunks; with grouped-query attention each chunk of
+  the query rows holds the group's query heads, which ``qheads.{i}`` reorders among themselves;
+- ``qk.{i}`` / ``ov.{i}`` (head form): each key/value head's inner bases, one map per key/value
+  head acting on its key (value) rows and on every query head (output column) of its group:
+  invertible, or for rotary positions the maps that commute with every rotation
+  (:class:`~glmc.symmetry.groups.RotaryGroup`).
+
+An axis lists its spaces inner first: a query row carries the QK map, then the query heads'
+order in their group, then the groups' order.
 """
 
 from __future__ import annotations
 
 from glmc.families.transformer.model import CanonicalConfig
-from glmc.symmetry.groups import BlockInvertibleGroup, Group, OrthogonalGroup, PermutationGroup
+from glmc.symmetry.groups import (
+    BlockInvertibleGroup,
+    Group,
+    GroupedPermutationGroup,
+    OrthogonalGroup,
+    PermutationGroup,
+    RotaryGroup,
+)
 from glmc.symmetry.spec import AxisTag, SymmetrySpec, inp, out
 
 RES = "res"
+Axes = dict[str, tuple[AxisTag, ...]]
 
 
-def _embedding_axes(cfg: CanonicalConfig) -> dict[str, tuple[AxisTag, ...]]:
+def _embedding_axes(cfg: CanonicalConfig) -> Axes:
     if cfg.task == "causal_lm":
-        return {"embed.tok": (None, out(RES)), "embed.pos": (None, out(RES))}
+        axes: Axes = {"embed.tok": (None, out(RES))}
+        if cfg.learned_positions:
+            axes["embed.pos"] = (None, out(RES))
+        return axes
     return {
         "embed.patch.weight": (out(RES), None, None, None),
         "embed.patch.bias": (out(RES),),
@@ -25,7 +49,17 @@ def _embedding_axes(cfg: CanonicalConfig) -> dict[str, tuple[AxisTag, ...]]:
     }
 
 
-def _attention_axes(cfg: CanonicalConfig, i: int) -> dict[str, tuple[AxisTag, ...]]:
+def _with_biases(axes: Axes, biased: dict[str, bool]) -> Axes:
+    """``axes`` plus each ``*.weight``'s bias (its output axis) where ``biased`` says so."""
+    out_axes = dict(axes)
+    for name, tags in axes.items():
+        prefix = name.removesuffix(".weight")
+        if biased.get(prefix.rsplit(".", 1)[-1]):
+            out_axes[f"{prefix}.bias"] = (tags[0],)
+    return out_axes
+
+
+def _attention_axes(cfg: CanonicalConfig, i: int) -> Axes:
     a, heads = f"blocks.{i}.attn", f"heads.{i}"
     if cfg.attention == "circuit":
         return {
@@ -35,50 +69,61 @@ def _attention_axes(cfg: CanonicalConfig, i: int) -> dict[str, tuple[AxisTag, ..
             f"{a}.o.bias": (out(RES),),
         }
     qk, ov = f"qk.{i}", f"ov.{i}"
-    return {
-        f"{a}.q.weight": (out(qk, heads), inp(RES)),
-        f"{a}.q.bias": (out(qk, heads),),
+    # Query heads are reordered inside their key/value group when a group holds several.
+    query = (qk, f"qheads.{i}", heads) if cfg.group_size > 1 else (qk, heads)
+    output = (ov, f"qheads.{i}", heads) if cfg.group_size > 1 else (ov, heads)
+    axes = {
+        f"{a}.q.weight": (out(*query), inp(RES)),
         # Keys pair with queries: they carry the inverse-transpose of the QK inner map.
         f"{a}.k.weight": (inp(qk, heads), inp(RES)),
-        f"{a}.k.bias": (inp(qk, heads),),
         f"{a}.v.weight": (out(ov, heads), inp(RES)),
-        f"{a}.v.bias": (out(ov, heads),),
-        f"{a}.o.weight": (out(RES), inp(ov, heads)),
-        f"{a}.o.bias": (out(RES),),
+        f"{a}.o.weight": (out(RES), inp(*output)),
     }
+    return _with_biases(axes, {"q": cfg.attn_bias, "k": cfg.attn_bias, "v": cfg.attn_bias,
+                               "o": cfg.o_bias})
 
 
-def _mlp_axes(i: int) -> dict[str, tuple[AxisTag, ...]]:
+def _mlp_axes(cfg: CanonicalConfig, i: int) -> Axes:
     m, mlp = f"blocks.{i}.mlp", f"mlp.{i}"
-    return {
-        f"{m}.fc.weight": (out(mlp), inp(RES)),
-        f"{m}.fc.bias": (out(mlp),),
-        f"{m}.proj.weight": (out(RES), inp(mlp)),
-        f"{m}.proj.bias": (out(RES),),
-    }
+    axes = {f"{m}.fc.weight": (out(mlp), inp(RES)),
+            f"{m}.proj.weight": (out(RES), inp(mlp))}
+    if cfg.mlp == "gated":
+        axes[f"{m}.gate.weight"] = (out(mlp), inp(RES))
+    return _with_biases(axes, dict.fromkeys(("fc", "gate", "proj"), cfg.mlp_bias))
+
+
+def _head_spaces(cfg: CanonicalConfig, i: int) -> tuple[dict[str, Group], dict[str, str]]:
+    kv, dh = cfg.kv_heads, cfg.head_dim
+    if cfg.attention == "circuit":
+        return {f"heads.{i}": PermutationGroup(cfg.n_head)}, {f"heads.{i}": "heads"}
+    qk = (RotaryGroup(kv, dh, cfg.rotary_dim) if cfg.rotary_dim
+          else BlockInvertibleGroup(kv, dh))
+    spaces: dict[str, Group] = {f"heads.{i}": PermutationGroup(kv), f"qk.{i}": qk,
+                                f"ov.{i}": BlockInvertibleGroup(kv, dh)}
+    roles = {f"heads.{i}": "heads", f"qk.{i}": "qk", f"ov.{i}": "ov"}
+    if cfg.group_size > 1:
+        spaces[f"qheads.{i}"] = GroupedPermutationGroup(cfg.n_head, groups=kv)
+        roles[f"qheads.{i}"] = "qheads"
+    return spaces, roles
 
 
 def canonical_spec(cfg: CanonicalConfig) -> SymmetrySpec:
-    d, h, dh = cfg.d_model, cfg.n_head, cfg.head_dim
-    spaces: dict[str, Group] = {RES: OrthogonalGroup(d)}
+    spaces: dict[str, Group] = {RES: OrthogonalGroup(cfg.d_model)}
     roles = {RES: "residual"}
     axes = _embedding_axes(cfg)
     for i in range(cfg.n_layer):
         spaces[f"mlp.{i}"] = PermutationGroup(cfg.d_mlp)
         roles[f"mlp.{i}"] = "mlp"
-        if cfg.attention == "circuit":
-            spaces[f"heads.{i}"] = PermutationGroup(h)
-        else:
-            spaces[f"heads.{i}"] = PermutationGroup(h * dh, block=dh)
-            for inner in ("qk", "ov"):
-                spaces[f"{inner}.{i}"] = BlockInvertibleGroup(h * dh, block=dh)
-                roles[f"{inner}.{i}"] = inner
-        roles[f"heads.{i}"] = "heads"
+        head_spaces, head_roles = _head_spaces(cfg, i)
+        spaces |= head_spaces
+        roles |= head_roles
         axes |= _attention_axes(cfg, i)
-        axes |= _mlp_axes(i)
+        axes |= _mlp_axes(cfg, i)
     if cfg.norm_f_bias:
         axes["norm_f.bias"] = (out(RES),)
     axes["head.weight"] = (None, inp(RES))
     if cfg.head_bias:
         axes["head.bias"] = (None,)
-    return SymmetrySpec(spaces=spaces, axes=axes, roles=roles)
+    # (a LayerNorm model stays one only if the residual map fixes the all-ones direction)
+    export = {RES: "fix_ones"} if cfg.stock_norm == "layernorm" else {}
+    return SymmetrySpec(spaces=spaces, axes=axes, roles=roles, export=export)

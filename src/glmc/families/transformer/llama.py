@@ -1,0 +1,194 @@
+"""Llama, Mistral and Qwen2 (transformers' *ForCausalLM) <-> canonical.
+
+The three share one layout: ``model.embed_tokens``, ``model.layers.N.self_attn.{q,k,v,o}_proj``
+(grouped-query attention: ``num_key_value_heads`` key/value heads), ``model.layers.N.mlp.
+{gate,up,down}_proj`` (SwiGLU), ``input_layernorm`` and ``post_attention_layernorm``
+(RMSNorm with a gain), ``model.norm`` and ``lm_head`` (possibly tied to the embedding). They
+differ in their biases (Llama's ``attention_bias`` and ``mlp_bias``; Qwen2's q/k/v biases)
+and sliding windows (Mistral's ``sliding_window`` on every layer, Qwen2's per ``layer_types``).
+
+Canonical form: each RMSNorm's gain is folded into the linear layers that read it (q, k, v;
+gate and up; the final norm's into the head, which unties a tied head), so every norm is a
+weightless RMSNorm and the residual stream carries any orthogonal map. Nothing is centred:
+written back, every norm's gain is 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from glmc.errors import GlmcError
+from glmc.families.importers import Importer, NotRepresentable
+from glmc.families.transformer.model import ACTIVATIONS
+from glmc.families.transformer.stock import (
+    base_config,
+    check_config_keys,
+    require_stock_form,
+    rotary_of,
+)
+from glmc.model import CanonicalModel
+from glmc.tensors import StateDict
+
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # (a buffer older checkpoints stored)
+
+
+class DecoderImporter(Importer):
+    """The Llama layout; subclasses name the transformers classes and what differs."""
+
+    hf_class: ClassVar[type]
+    hf_config_class: ClassVar[type]
+
+    def config_class(self) -> type:
+        return self.hf_config_class
+
+    def check_config(self, raw: dict, where: str) -> None:
+        check_config_keys(raw, self.hf_config_class, where)
+        heads, kv = raw.get("num_attention_heads"), raw.get("num_key_value_heads")
+        if isinstance(heads, int) and isinstance(kv, int) and (kv < 1 or heads % kv):
+            raise GlmcError(f"{where}: num_key_value_heads {kv} does not divide "
+                            f"num_attention_heads {heads}")
+        act = raw.get("hidden_act", "silu")
+        if act not in ACTIVATIONS:
+            raise GlmcError(f"{where}: hidden_act {act!r} is not supported (one of "
+                            f"{', '.join(ACTIVATIONS)})")
+
+    def stock_model(self, hf_config: Any) -> torch.nn.Module:
+        hf_config._attn_implementation = "sdpa"
+        return self.hf_class(hf_config).eval()
+
+    def optional_keys(self, hf_config: Any) -> tuple[str, ...]:
+        return ("lm_head.weight",) if hf_config.tie_word_embeddings else ()
+
+    def normalize_keys(self, state: StateDict) -> StateDict:
+        out = {}
+        for k, v in state.items():
+            if k.endswith(_IGNORED_SUFFIXES):
+                continue
+            if not k.startswith(("model.", "lm_head.")):
+                k = "model." + k  # a bare *Model checkpoint
+            out[k] = v
+        return out
+
+    def untied(self, hf_config: Any, state: StateDict) -> tuple[Any, StateDict]:
+        """A tied head becomes ``lm_head.weight``, a copy of the embedding."""
+        if not hf_config.tie_word_embeddings:
+            return hf_config, state
+        cfg = self.hf_config_class.from_dict({**hf_config.to_dict(),
+                                              "tie_word_embeddings": False})
+        head = state.get("lm_head.weight", state["model.embed_tokens.weight"])
+        return cfg, {**state, "lm_head.weight": head}
+
+    # -- what the three differ in ---------------------------------------------------------
+    def biases(self, c: Any) -> dict[str, bool]:
+        """Which linear layers carry a bias: attn (q, k, v), o, mlp."""
+        attn = bool(getattr(c, "attention_bias", False))
+        return {"attn": attn, "o": attn, "mlp": bool(getattr(c, "mlp_bias", False))}
+
+    def windows(self, c: Any) -> list[int | None]:
+        """The sliding window of each layer (None: full attention)."""
+        window = getattr(c, "sliding_window", None)
+        return [window] * c.num_hidden_layers if window else []
+
+    # -- conversion -----------------------------------------------------------------------
+    def to_canonical(self, hf_config: Any, state: StateDict) -> CanonicalModel:
+        c, s = hf_config, state
+        h, kv = c.num_attention_heads, c.num_key_value_heads or c.num_attention_heads
+        dh = getattr(c, "head_dim", None) or c.hidden_size // h
+        where = f"{c.model_type} config"
+        rotary_dim, inv_freq, scaling = rotary_of(c, dh, where)
+        biased = self.biases(c)
+        out: StateDict = {"embed.tok": s["model.embed_tokens.weight"]}
+        for i in range(c.num_hidden_layers):
+            p, a, m = f"model.layers.{i}", f"blocks.{i}.attn", f"blocks.{i}.mlp"
+            g1, g2 = s[f"{p}.input_layernorm.weight"], s[f"{p}.post_attention_layernorm.weight"]
+            for n in "qkv":
+                out[f"{a}.{n}.weight"] = s[f"{p}.self_attn.{n}_proj.weight"] * g1[None, :]
+                if biased["attn"]:
+                    out[f"{a}.{n}.bias"] = s[f"{p}.self_attn.{n}_proj.bias"]
+            out[f"{a}.o.weight"] = s[f"{p}.self_attn.o_proj.weight"]
+            if biased["o"]:
+                out[f"{a}.o.bias"] = s[f"{p}.self_attn.o_proj.bias"]
+            for ours, theirs, gain in (("gate", "gate", g2), ("fc", "up", g2),
+                                       ("proj", "down", None)):
+                w = s[f"{p}.mlp.{theirs}_proj.weight"]
+                out[f"{m}.{ours}.weight"] = w if gain is None else w * gain[None, :]
+                if biased["mlp"]:
+                    out[f"{m}.{ours}.bias"] = s[f"{p}.mlp.{theirs}_proj.bias"]
+        head = s.get("lm_head.weight", s["model.embed_tokens.weight"])
+        out["head.weight"] = head * s["model.norm.weight"][None, :]
+        cfg = base_config(
+            c, "causal_lm", d_model=c.hidden_size, n_layer=c.num_hidden_layers, n_head=h,
+            n_kv_head=kv, head_dim=dh, d_mlp=c.intermediate_size, activation=c.hidden_act,
+            norm_eps=c.rms_norm_eps, vocab_size=c.vocab_size,
+            n_positions=c.max_position_embeddings, rotary_dim=rotary_dim, inv_freq=inv_freq,
+            rotary_scaling=scaling, mlp="gated", attn_bias=biased["attn"], o_bias=biased["o"],
+            mlp_bias=biased["mlp"], windows=self.windows(c), stock_norm="rmsnorm",
+        )
+        return CanonicalModel(cfg, {k: v.contiguous() for k, v in out.items()})
+
+    def to_stock(self, model: CanonicalModel) -> tuple[Any, StateDict]:
+        require_stock_form(model, self.model_types())
+        cfg, s = model.config, model.state
+        if cfg.head_bias or cfg.norm_f_bias:
+            raise NotRepresentable(f"{cfg.source['arch']}'s head has no bias")
+        hf = self.hf_config_class.from_dict({**cfg.source["config"],
+                                             "tie_word_embeddings": False})
+        ones = torch.ones(cfg.d_model, dtype=model.dtype)
+        out: StateDict = {"model.embed_tokens.weight": s["embed.tok"],
+                          "model.norm.weight": ones, "lm_head.weight": s["head.weight"]}
+        for i in range(cfg.n_layer):
+            p, a, m = f"model.layers.{i}", f"blocks.{i}.attn", f"blocks.{i}.mlp"
+            out[f"{p}.input_layernorm.weight"] = ones
+            out[f"{p}.post_attention_layernorm.weight"] = ones
+            for n in "qkvo":
+                for kind in ("weight", "bias"):
+                    if f"{a}.{n}.{kind}" in s:
+                        out[f"{p}.self_attn.{n}_proj.{kind}"] = s[f"{a}.{n}.{kind}"]
+            for ours, theirs in (("gate", "gate"), ("fc", "up"), ("proj", "down")):
+                for kind in ("weight", "bias"):
+                    if f"{m}.{ours}.{kind}" in s:
+                        out[f"{p}.mlp.{theirs}_proj.{kind}"] = s[f"{m}.{ours}.{kind}"]
+        return hf, {k: v.clone().contiguous() for k, v in out.items()}
+
+    def model_types(self) -> tuple[str, ...]:
+        return (self.hf_config_class.model_type,)
+
+    def stock_logits(self, stock: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return stock(input_ids=x, use_cache=False).logits
+
+
+class LlamaImporter(DecoderImporter):
+    name = "llama"
+    hf_class, hf_config_class = LlamaForCausalLM, LlamaConfig
+
+
+class MistralImporter(DecoderImporter):
+    name = "mistral"
+    hf_class, hf_config_class = MistralForCausalLM, MistralConfig
+
+
+class Qwen2Importer(DecoderImporter):
+    """Qwen2: q/k/v biases, no output bias; sliding windows on the layers ``layer_types``
+    names ``sliding_attention``."""
+
+    name = "qwen2"
+    hf_class, hf_config_class = Qwen2ForCausalLM, Qwen2Config
+
+    def biases(self, c: Any) -> dict[str, bool]:
+        return {"attn": True, "o": False, "mlp": False}
+
+    def windows(self, c: Any) -> list[int | None]:
+        types = list(getattr(c, "layer_types", None) or [])
+        if not any(t == "sliding_attention" for t in types) or not c.sliding_window:
+            return []
+        return [c.sliding_window if t == "sliding_attention" else None for t in types]
