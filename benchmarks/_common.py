@@ -3,9 +3,11 @@ its own section of benchmarks/README.md (so that every figure there comes from a
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,21 @@ def machine(**extra: Any) -> dict[str, Any]:
         torch = sys.modules["torch"]
         info |= {"torch": torch.__version__, "threads": torch.get_num_threads()}
     return info | extra
+
+
+def provenance(**extra: Any) -> dict[str, Any]:
+    """What a row of results comes from: the commit (and whether the tree had changes), the
+    date, the machine and the thread count (stamped on every row a table shows)."""
+    def git(*args: str) -> str:
+        run = subprocess.run(["git", *args], cwd=HERE.parent, capture_output=True, text=True)
+        return run.stdout.strip()
+
+    info = machine()
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "src")),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+            "machine": f"{info['processor'] or info['platform']}, {info['cpus']} cpus",
+            "threads": info.get("threads"), **extra}
 
 
 def write_json(path: str | Path, data: dict[str, Any]) -> Path:

@@ -73,7 +73,8 @@ def _vit(**kw) -> TrainConfig:
 
 
 def suite() -> list[Pair]:
-    demo_gpt, demo_vit = demo_pairs(quick=False)
+    demo = {p.key: p for p in demo_pairs(quick=False)}
+    demo_gpt, demo_vit = demo["shakespeare"], demo["mnist"]
     return [
         Pair("gpt2-demo", "GPT-2 demo pair (3L, d=128)", demo_gpt.train, demo_gpt.key),
         Pair("vit-demo", "ViT demo pair (MNIST 5k, 3L, d=128)", demo_vit.train, demo_vit.key),
@@ -84,6 +85,12 @@ def suite() -> list[Pair]:
              _gpt(n_layer=6, n_embd=256, n_head=4, n_inner=1024, context=128, steps=1000,
                   batch_size=32, lr=2e-3),
              methods=("none", "canonical", "weight", "weight-perm")),
+        Pair("llama-demo", "Llama (GQA: 4 query / 2 key-value heads; 3L, d=128; char)",
+             _gpt(arch="llama", n_layer=3, n_embd=128, n_head=4, context=64, steps=1000,
+                  batch_size=32, lr=3e-3)),
+        Pair("neox-demo", "GPT-NeoX (Pythia-style: partial rotary, parallel; 3L, d=128)",
+             _gpt(arch="gpt-neox", n_layer=3, n_embd=128, n_head=4, context=64, steps=1000,
+                  batch_size=32, lr=3e-3)),
         Pair("vit-fashion", "ViT Fashion-MNIST (3L, d=128, 4 heads)",
              _vit(data="fashion-mnist", n_layer=3, n_embd=128, n_head=4, patch_size=4,
                   steps=1500, batch_size=64, lr=2e-3)),

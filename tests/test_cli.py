@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -129,6 +130,53 @@ def test_help_and_version_do_not_import_torch():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[-1] == "[]"
+
+
+def test_option_values_are_refused_before_torch_loads(tmp_path):
+    """A bad option value is one line at once: the commands check values and the output
+    location before importing torch (or transformers)."""
+    code = textwrap.dedent("""
+        import contextlib, io, sys
+        from glmc.cli.main import main
+        bad = [["barrier", "a", "b", "--data", "x", "--points", "0"],
+               ["barrier", "a", "b", "--data", "x", "--points", "5000"],
+               ["barrier", "a", "b", "--data", "x", "--plot", "curves.jpg"],
+               ["barrier", "a", "b", "--data", "x", "--align", "fancy"],
+               ["align", "a", "b", "-o", "out", "--iters", "0"],
+               ["align", "a", "b", "-o", "out", "--lam", "bogus"],
+               ["align", "a", "b", "-o", "a", "--force"],
+               ["merge", "a", "b", "-o", "out", "--alpha", "2"],
+               ["merge", "a", "b", "-o", "out", "--steps", "0"],
+               ["train", "--arch", "gpt2", "--data", "x", "-o", "out", "--steps", "0"],
+               ["demo", "-o", "out", "--points", "1"]]
+        for argv in bad:
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                assert main(argv) == 2, argv
+            assert err.getvalue().count("\\n") == 1 and "error: " in err.getvalue(), argv
+        print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+    """)
+    (tmp_path / "a").mkdir()
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == "[]"
+
+
+def test_learned_checkpoint_default_is_the_librarys(cli):
+    """One default for --checkpoint-every: LearnedMatchingOptions', which the help explains."""
+    from glmc.cli.main import build_parser
+    from glmc.matching.options import LearnedMatchingOptions
+
+    default = LearnedMatchingOptions().checkpoint_every
+    for command in ("align", "merge", "barrier"):
+        args = build_parser().parse_args([command, "a", "b", "-o", "out", "--data", "x"]
+                                         if command != "barrier" else
+                                         [command, "a", "b", "--data", "x"])
+        assert args.checkpoint_every == default, command
+    _, out, _ = cli("align", "--help")
+    assert (f"0: only when the run ends, so a run killed before then leaves nothing to "
+            f"--resume (default: {default})") in " ".join(out.split())
 
 
 def test_help_lists_every_registered_method(cli):
@@ -320,7 +368,7 @@ def _break_no_config(folder):
 def _break_bert(folder):
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "bert"}))
-    return folder / "config.json", "unsupported architecture 'bert' (supported: gpt2, vit)"
+    return folder / "config.json", "unsupported architecture 'bert' (supported: "
 
 
 def _break_bad_json(folder):
@@ -484,6 +532,32 @@ def test_interrupted_align_leaves_no_partial_output(cli, gpt2_folder, tmp_path, 
         assert [p.name for p in out_dir.iterdir()] == ["glmc_report.json"]
     else:
         assert not out_dir.exists()
+
+
+def test_align_takes_its_name_only_once_certified(cli, gpt2_folder, tmp_path, monkeypatch):
+    """A Ctrl-C (or a full disk) while the written folder is certified leaves no OUT that
+    looks complete without its certificate, so a rerun is not refused."""
+    import glmc.writing
+
+    certify = glmc.writing.certify_folder
+    seen = []
+
+    def interrupted(folder, *reference):
+        seen.append(sorted(p.name for p in Path(folder).iterdir()))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(glmc.writing, "certify_folder", interrupted)
+    out_dir = tmp_path / "out"
+    before = {p.name for p in tmp_path.iterdir()}
+    rc, _, err = cli("align", gpt2_folder, gpt2_folder, "-o", out_dir)
+    assert rc == 130 and "interrupted" in err and "Traceback" not in err
+    assert "model.safetensors" in seen[0]  # (written, and certified before the rename)
+    assert not out_dir.exists() and {p.name for p in tmp_path.iterdir()} == before
+    monkeypatch.setattr(glmc.writing, "certify_folder", certify)
+    rc, _, err = cli("align", gpt2_folder, gpt2_folder, "-o", out_dir)
+    assert rc == 0, err
+    report = json.loads((out_dir / "glmc_report.json").read_text())
+    assert report["certificate"]["equal"] is True and report["seconds"] > 0
 
 
 def test_align_refuses_to_overwrite_an_input(tmp_path, capsys):

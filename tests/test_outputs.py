@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections import namedtuple
 from pathlib import Path
@@ -371,6 +372,98 @@ def test_sigint_checkpoints_the_last_step_and_prints_the_resume_command(models, 
     assert not out.exists()
 
 
+#: ``glmc train`` in a subprocess with hooks: "STEPPED" on stderr after step 5, and, once the
+#: run stops, a slow final checkpoint ("SAVING") and a slow exit ("EXITING"), so that a
+#: second Ctrl-C can land in either.
+SLOW_STOP = textwrap.dedent("""
+    import atexit, sys, time
+    from glmc.training import console, loop
+
+    def say(word):
+        print(word, file=sys.stderr, flush=True)
+
+    advance, stopped, save = loop._Session.advance, loop._Session.stopped, loop.save_checkpoint
+    stopping = []
+
+    def stepping(self):  # (after step 5, wait for the first Ctrl-C: the run stops there)
+        loss = advance(self)
+        if self.step == 5:
+            say("STEPPED")
+            deadline = time.monotonic() + 30
+            while not heard and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return loss
+
+    handle, heard = console.HeldInterrupt._handle, []
+
+    def hearing(self, signum, frame):
+        heard.append(signum)
+        handle(self, signum, frame)
+
+    def stopping_run(self, save=True):
+        stopping.append(1)
+        return stopped(self, save)
+
+    def slow_save(path, payload):
+        if stopping and "{where}" == "checkpoint":
+            say("SAVING")
+            time.sleep(30)
+        save(path, payload)
+
+    def slow_exit():
+        say("EXITING")
+        time.sleep(30)
+
+    loop._Session.advance, loop._Session.stopped = stepping, stopping_run
+    console.HeldInterrupt._handle = hearing
+    loop.save_checkpoint = slow_save
+    if "{where}" == "exit":
+        atexit.register(slow_exit)
+    from glmc.cli.main import entry
+    entry()
+""")
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "exit"])
+def test_a_second_sigint_stops_at_once_without_a_traceback(models, tmp_path, where):
+    """Ctrl-C twice: the second, in the final checkpoint's write or in the interpreter's exit,
+    ends the run at once with one line saying which step the checkpoint holds."""
+    out = tmp_path / "gpt"
+    argv = ["train", "--arch", "gpt2", "--data", str(models[2]), "-o", str(out), "--n-layer",
+            "1", "--n-embd", "16", "--n-head", "2", "--context", "16", "--steps", "2000",
+            "--eval-every", "0", "--checkpoint-every", "3", "--threads", "1", "--json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_STOP.replace("{where}", where), *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines = []
+    try:
+        for marker in ("STEPPED", "SAVING" if where == "checkpoint" else "EXITING"):
+            while (line := proc.stderr.readline()) and line.strip() != marker:
+                lines.append(line)
+            assert line, "".join(lines)
+            proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        _, rest = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert time.monotonic() - started < 10  # (not the 30 s sleep: at once)
+    err = "".join(lines) + rest
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    line, = [x for x in err.splitlines() if x.startswith("glmc train:")]
+    ckpt = checkpoint_path(out)
+    if where == "checkpoint":  # (step 5 is not saved; step 3's checkpoint stands)
+        assert line.startswith(f"glmc train: interrupted after step 5 of 2000, before its "
+                               f"checkpoint; the checkpoint at {ckpt} holds step 3; resume "
+                               "with: glmc train "), line
+        assert checkpoint_step(ckpt) == 3
+    else:
+        assert line.startswith(f"glmc train: interrupted after step 5 of 2000; checkpoint at "
+                               f"{ckpt}; resume with: "), line
+        assert checkpoint_step(ckpt) == 5
+
+
 # -- every output folder carries what is needed to use it ------------------------------------
 
 
@@ -477,7 +570,7 @@ def test_a_named_dataset_read_with_its_own_tokenizer_is_a_warning(cli, h, tmp_pa
     rc, out, err = cli("barrier", folder, folder, "--data", "shakespeare", "--align", "none",
                        "--points", "2", "--max-batches", "1", "--json")
     assert rc == 0, err
-    warning, = json.loads(out)["warnings"]
+    warning, = [w for w in json.loads(out)["warnings"] if TOKENIZER_FILE in w]
     assert "hold no glmc_tokenizer.json" in warning and "char tokenizer" in warning
 
 
@@ -503,3 +596,160 @@ def test_python_save_writes_the_cli_folder_and_refuses_to_replace(models, tmp_pa
     assert (tmp_path / "al" / "generation_config.json").read_bytes() == (
         a / "generation_config.json").read_bytes()
     assert not (tmp_path / "al" / "transform.safetensors").exists()
+
+
+def test_python_save_writes_what_is_known(models, tmp_path):
+    """``glmc.save`` reports what the commands' reports say of a model: what made it (when
+    its folder says), its description, size and the files it carries."""
+    a, b, _ = models
+    merged, _ = glmc.merge(a, b)
+    report = glmc.save(merged, tmp_path / "merged")
+    assert report["description"] == merged.config.describe()
+    assert report["n_params"] == merged.n_params() > 0
+    assert report["files"] == sorted(merged.files) == ["generation_config.json", TOKENIZER_FILE]
+    assert json.loads((tmp_path / "merged" / "glmc_report.json").read_text()) == report
+    copy = glmc.save(glmc.load(a), tmp_path / "copy")
+    assert copy["command"] == "train" and copy["model"] == str(a)
+    again = glmc.save(glmc.load(tmp_path / "copy"), tmp_path / "again")
+    assert again["command"] == "train"  # (the copy's report says it, and is carried on)
+
+
+def test_a_released_model_is_gone_before_its_folder_is_certified(models, tmp_path):
+    """``release``: the model written is dropped before the folder is read back, so that the
+    two are never in memory together (as glmc align writes B aligned)."""
+    merged, _ = glmc.merge(*models[:2])
+    sizes = []
+
+    def certify(folder):
+        sizes.append(len(merged.state))
+        return {"equal": True}
+
+    report = glmc.save(merged, tmp_path / "m", certify=certify, release=True)
+    assert sizes == [0] and report["certificate"] == {"equal": True}
+    assert not (tmp_path / "m" / ".glmc_report.json.tmp").exists()
+
+
+# -- notes on what an output changes ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory, h) -> tuple[Path, Path]:
+    """Two tiny GPT-2s whose head is tied to the token embedding (as Hugging Face's are)."""
+    root = tmp_path_factory.mktemp("tied")
+    for seed, name in ((1, "a"), (2, "b")):
+        h.make_tiny("gpt2", seed=seed, dtype=torch.float32, tied=True).stock.save_pretrained(
+            root / name)
+    return root / "a", root / "b"
+
+
+@pytest.mark.parametrize("command", ["merge", "canonicalize", "align"])
+def test_an_untied_embedding_is_noted(cli, tied, tmp_path, command):
+    a, b = tied
+    argv = {"merge": ["merge", a, b], "align": ["align", a, b],
+            "canonicalize": ["canonicalize", b, "--stock"]}[command]
+    rc, out, err = cli(*argv, "-o", tmp_path / "out")
+    assert rc == 0, err
+    assert json.loads((tmp_path / "out" / "config.json").read_text())[
+        "tie_word_embeddings"] is False
+    note, = json.loads((tmp_path / "out" / "glmc_report.json").read_text())["notes"]
+    assert note.startswith("the output unties the embedding") and "GPT" not in note
+    assert f"note: {note}" in out.splitlines()
+    rc, out, err = cli(*argv, "-o", tmp_path / "out", "--force", "--json")
+    assert rc == 0 and json.loads(out)["notes"] == [note]  # (--json: in the JSON only)
+
+
+def test_an_untied_model_gets_no_note(cli, models, tmp_path):
+    a, b, _ = models  # (glmc train writes GPT-2s untied, as the paper trains them)
+    rc, out, err = cli("merge", a, b, "-o", tmp_path / "out")
+    assert rc == 0 and "note:" not in out
+    assert "notes" not in json.loads((tmp_path / "out" / "glmc_report.json").read_text())
+
+
+# -- what glmc writes is readable as any file is ----------------------------------------------
+
+
+def test_outputs_have_ordinary_permissions(cli, models, tmp_path):
+    """Every file glmc writes (a trained folder, an aligned one, a checkpoint, a tokenizer)
+    has the permissions of a new file under the umask, not temp files' 0600."""
+    umask = os.umask(0o022)
+    try:
+        a, b, text = models
+        save_tokenizer(tmp_path / "tok", CharTokenizer.from_text(TEXT))
+        assert cli("align", a, b, "-o", tmp_path / "al")[0] == 0
+        argv = ["train", "--arch", "gpt2", "--data", text, *TINY, "--steps", "4", "-o"]
+        assert cli(*argv, tmp_path / "run", "--stop-after", "2")[0] == 130
+        written = [tmp_path / "tok" / TOKENIZER_FILE, checkpoint_path(tmp_path / "run"),
+                   *a.iterdir(), *(tmp_path / "al").iterdir()]
+    finally:
+        os.umask(umask)
+    modes = {str(p): oct(p.stat().st_mode & 0o777) for p in written}
+    assert set(modes.values()) == {"0o644"}, modes
+    assert oct((tmp_path / "al").stat().st_mode & 0o777) == "0o755"
+
+
+# -- what a barrier says of its own reliability -----------------------------------------------
+
+
+def test_a_barrier_of_two_points_or_few_targets_is_a_warning(cli, models, tmp_path):
+    a, b, text = models
+    small = tmp_path / "small.txt"
+    small.write_text(TEXT[:1200])  # (a test split of 60 characters: 48 targets in windows)
+    rc, out, err = cli("barrier", a, b, "--data", small, "--points", "2", "--align", "none")
+    assert rc == 0, err
+    warnings = " ".join(err.split())
+    assert "the λ grid holds only the endpoints (2 points): the barrier is 0 by construction" \
+        in warnings
+    assert "(fewer than 100): the barrier is noise" in warnings
+    rc, out, err = cli("barrier", a, b, "--data", text, "--points", "3", "--align", "none",
+                       "--json")
+    assert rc == 0 and json.loads(out)["warnings"] == [] and err == ""
+
+
+def test_models_without_a_training_record_are_a_warning(cli, models, tmp_path):
+    """The test split holds nothing either model trained on only as far as their training
+    records say; without one that cannot be checked, and the report says so."""
+    a, b, text = models
+    bare_b = tmp_path / "b"
+    shutil.copytree(b, bare_b, ignore=shutil.ignore_patterns("glmc_train.json"))
+    rc, out, err = cli("barrier", a, bare_b, "--data", text, "--points", "3", "--align",
+                       "none", "--json")
+    assert rc == 0, err
+    warning, = json.loads(out)["warnings"]
+    assert warning.startswith(f"{bare_b} holds no training record (glmc_train.json")
+    assert "the test split's independence from the models' training data cannot be " \
+        "checked" in warning and warning in " ".join(err.split())
+    from glmc.matching.options import LearnedMatchingOptions
+
+    al = glmc.align(a, bare_b, method="learned", data=text,
+                    learned=LearnedMatchingOptions(steps=1, batch_size=4, eval_every=1))
+    assert al.report()["warnings"] == [warning]
+    assert "warnings" not in glmc.align(a, bare_b).report()  # (data-free: no split to doubt)
+
+
+# -- progress ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def terminal(monkeypatch):
+    """stderr as a terminal: the text rich's console writes there."""
+    import io
+
+    from rich.console import Console
+
+    import glmc.cli.common
+
+    buffer = io.StringIO()
+    monkeypatch.setattr(glmc.cli.common, "console",
+                        Console(file=buffer, force_terminal=True, width=100))
+    return buffer
+
+
+def test_barrier_shows_its_progress_per_point_on_a_terminal(cli, models, terminal):
+    a, b, text = models
+    assert cli("barrier", a, b, "--data", text, "--points", "4", "--align", "none")[0] == 0
+    assert "none: evaluating" in terminal.getvalue() and "4/4" in terminal.getvalue()
+    terminal.seek(0)
+    terminal.truncate()
+    rc, out, err = cli("barrier", a, b, "--data", text, "--points", "4", "--align", "none",
+                       "--json")
+    assert rc == 0 and terminal.getvalue() == ""  # (--json: stderr keeps to warnings)

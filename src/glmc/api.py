@@ -14,7 +14,6 @@ This module is the facade: the work is done below it (:mod:`glmc.pair`, :mod:`gl
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 from glmc.correction import check_correction, correct, statistics_note
 from glmc.data import Dataset, Tokenizer
 from glmc.errors import GlmcError
-from glmc.evaluate import check_data_fits, load_pair_data
+from glmc.evaluate import check_data_fits, load_pair_data, split_warnings
 from glmc.families import FAMILIES
 from glmc.io.folders import (
     LoadedModel,
@@ -115,7 +114,13 @@ def align(model_a: ModelLike, model_b: ModelLike, *, method: str = "weight",
         opts = replace(opts, data=data)
         if seed is not None:
             settings["data_seed"] = seed
+        settings |= _warnings(split_warnings((model_a, model_b)))
     return replace(m(a, b, opts), settings=settings)
+
+
+def _warnings(warnings: list[str]) -> dict[str, list[str]]:
+    """``{"warnings": warnings}`` for a report, or nothing when there are none."""
+    return {"warnings": warnings} if warnings else {}
 
 
 def learning_data(a: CanonicalModel, data: str | Path | Dataset | None,
@@ -157,11 +162,9 @@ class Merge:
         updated by ``report``; ``seconds`` since ``started``, a ``time.perf_counter()``, when
         given); returns it."""
         transform = self.alignment.transform if self.alignment is not None else None
-        report = self.report() | (report or {})
-        if started is not None:
-            report["seconds"] = round(time.perf_counter() - started, 3)
         return save(self.model, path, force=force, stock=stock, transform=transform,
-                    report=report, stock_state=self.stock_state)
+                    report=self.report() | (report or {}), stock_state=self.stock_state,
+                    started=started)
 
     def report(self) -> dict[str, Any]:
         al = self.alignment
@@ -195,6 +198,8 @@ def merge_pair(model_a: ModelLike, model_b: ModelLike, *, alpha: float = 0.5,
     if opts.correction != "none":  # (the data are checked before any matching)
         opts = replace(opts, data=correction_data(model_a, model_b, opts.correction, opts.data,
                                                   opts.tokenizer, opts.data_seed))
+    if m.data or opts.correction != "none":
+        settings |= _warnings(split_warnings((model_a, model_b)))
     al = stock_state = None
     if m.transform:
         al = align(model_a, model_b, method=method, options=opts)

@@ -37,6 +37,7 @@ import torch
 
 from glmc.correction import check_correction, correct, statistics_note
 from glmc.data import Dataset, TextDataset, Tokenizer
+from glmc.defaults import MAX_POINTS, MIN_EVAL_TARGETS
 from glmc.errors import GlmcError
 from glmc.evaluate import (
     Evaluator,
@@ -47,6 +48,7 @@ from glmc.evaluate import (
     fixed_batches,
     load_pair_data,
     resolve_device,
+    split_warnings,
 )
 from glmc.io.folders import canonical, load_model
 from glmc.methods import (  # (the registry lives in glmc.methods; re-exported here)
@@ -107,9 +109,13 @@ def barrier(
 
 
 def lambda_grid(points: int) -> list[float]:
-    """``points`` evenly spaced values of λ in [0, 1], both ends included (points >= 2)."""
+    """``points`` evenly spaced values of λ in [0, 1], both ends included (2 to
+    :data:`~glmc.defaults.MAX_POINTS`: each point is one evaluation of the split)."""
     if points < 2:
         raise GlmcError(f"the grid needs at least 2 points (λ = 0 and λ = 1), got {points}")
+    if points > MAX_POINTS:
+        raise GlmcError(f"the grid takes at most {MAX_POINTS} points (each evaluates the "
+                        f"split once), got {points}")
     return [i / (points - 1) for i in range(points)]
 
 
@@ -410,9 +416,11 @@ def run_barrier(
     evaluator = Evaluator(prep.a.config, batches, device=resolve_device(device))
     results = {name: _measure(get_method(name), prep, evaluator, options, lambdas, progress)
                for name in methods}
-    warnings = _endpoint_warnings(results)
+    warnings = _endpoint_warnings(results) + _evaluation_warnings(lambdas, evaluator.count,
+                                                                  prep.a)
     note = statistics_note(prep.a, options.correction)
     warnings += [note] if note is not None else []
+    warnings += split_warnings((a, b))
     ds = prep.dataset
     data_name = str(data) if isinstance(data, (str, Path)) else str(ds.name)
     return BarrierReport(
@@ -455,6 +463,20 @@ def _path(method: Method, prep: _Prepared,
     if options.correction != "none":
         path = CorrectedPath(path, options.correction, statistics_batches(prep.a, prep.dataset))
     return path, alignment
+
+
+def _evaluation_warnings(lambdas: list[float], count: int, a: CanonicalModel) -> list[str]:
+    """A grid of the endpoints alone (its barrier is 0 by construction), and too few evaluated
+    targets (:data:`MIN_EVAL_TARGETS`: the barrier is then noise)."""
+    out = []
+    if len(lambdas) == 2:
+        out.append("the λ grid holds only the endpoints (2 points): the barrier is 0 by "
+                   "construction; use 3 points or more (11 by default)")
+    if count < MIN_EVAL_TARGETS:
+        what = "images" if a.task.classifier else "tokens"
+        out.append(f"only {count} {what} were evaluated (fewer than {MIN_EVAL_TARGETS}): the "
+                   "barrier is noise; evaluate a larger split")
+    return out
 
 
 def _endpoint_warnings(results: dict[str, MethodResult], rtol: float = 1e-3) -> list[str]:

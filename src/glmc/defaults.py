@@ -12,5 +12,10 @@ DEFAULT_IMAGE_BATCH = 250
 #: Default logits budget per text batch (batch x context x vocab floats).
 TEXT_LOGITS_BUDGET = 2**25
 
+#: The largest λ grid a barrier evaluates (each point evaluates the split once).
+MAX_POINTS = 1001
+#: Fewer evaluated targets (tokens or images) than this make a barrier noise: it is flagged.
+MIN_EVAL_TARGETS = 100
+
 #: Corrections of the merged statistics (:mod:`glmc.correction`).
 CORRECTIONS: tuple[str, ...] = ("none", "reset", "repair")

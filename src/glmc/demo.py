@@ -205,6 +205,8 @@ def run_demo(
                           options=options, label=p.title, max_batches=max_batches,
                           progress=progress)
         demo.reports[p.key] = rep
+        for warning in rep.warnings:  # (also in results.json, with the barriers)
+            note(f"{p.title}: warning: {warning}")
         note(f"{p.title}: barrier after k weight-matching iterations")
         study = study_iterations(a, b, p.train.data, max_batches)
         if study is not None:

@@ -34,15 +34,19 @@ import torch.nn.functional as F
 
 from glmc.data import (
     DATASETS,
+    HF_TOKENIZER_FILE,
     TOKENIZER_FILE,
     Dataset,
     TextDataset,
     Tokenizer,
+    fits_vocabulary,
     load_dataset,
     load_tokenizer,
+    tokenizer_file,
     tokenizer_from_json,
 )
 from glmc.data.batches import fixed_batches
+from glmc.data.gpt2_bpe import END_OF_TEXT_ID
 from glmc.data.splits import check_split
 from glmc.defaults import DEFAULT_TEXT_TOKENS
 from glmc.errors import GlmcError, reason
@@ -94,12 +98,18 @@ def _saved_tokenizer(model: Any) -> tuple[Tokenizer | None, str | None]:
     from glmc.model import CanonicalModel
 
     if isinstance(model, (str, Path)):
-        return load_tokenizer(model), str(Path(model) / TOKENIZER_FILE)
-    where = "the model's tokenizer"
+        return load_tokenizer(model), str(tokenizer_file(model))
+    folder = model.path if isinstance(model, LoadedModel) else None
     if isinstance(model, LoadedModel):
-        model, where = model.canonical, str(model.path / TOKENIZER_FILE)
-    text = model.files.get(TOKENIZER_FILE) if isinstance(model, CanonicalModel) else None
-    return (None, None) if text is None else (tokenizer_from_json(text, where), where)
+        model = model.canonical
+    if not isinstance(model, CanonicalModel):
+        return None, None
+    for name in (TOKENIZER_FILE, HF_TOKENIZER_FILE):  # (glmc's own first)
+        text = model.files.get(name)
+        if text is not None:
+            where = str(folder / name) if folder is not None else f"the model's {name}"
+            return tokenizer_from_json(text, where), where
+    return None, None
 
 
 def _folder_tokenizer(models: Iterable[Any]) -> tuple[Tokenizer | None, str | None]:
@@ -151,28 +161,49 @@ def load_eval_data(
     if tokenizer is None:
         tokenizer, source = _folder_tokenizer(folders)
     if tokenizer is not None and not isinstance(tokenizer, str):
-        _check_vocab(tokenizer.vocab_size, config, f"{source}: the tokenizer")
+        _check_vocab(tokenizer, config, f"{source}: the tokenizer")
     ds = _load_text(data, tokenizer, source, seed)
     if isinstance(ds, TextDataset):
         if tokenizer is None and str(data).lower() not in DATASETS:
             raise GlmcError(f"{data}: no tokenizer is known for the model (no "
                             f"{TOKENIZER_FILE} beside it), so the text's token ids would be "
                             f"a guess; {TOKENIZER_FIX.format(vocab=config.vocab_size)}")
-        _check_vocab(ds.vocab_size, config,
-                     f"{data}: the {ds.tokenizer.kind} tokenizer of the data")
+        # (a kind named, or a named dataset's own: the advice is never the kind just tried)
+        tried = ds.tokenizer.kind if tokenizer is None or isinstance(tokenizer, str) else None
+        _check_vocab(ds.tokenizer, config,
+                     f"{data}: the {ds.tokenizer.kind} tokenizer of the data", tried)
     return ds
 
 
 #: How to give text a tokenizer (the command-line option, or ``tokenizer=`` in Python).
 TOKENIZER_FIX = ("pass --tokenizer char (the text's sorted characters) or --tokenizer gpt2, "
                  "whichever has the model's {vocab} tokens")
+#: The size of GPT-2's BPE vocabulary (``--tokenizer gpt2``).
+GPT2_VOCAB = END_OF_TEXT_ID + 1
 
 
-def _check_vocab(size: int, config: Any, what: str) -> None:
-    if size != config.vocab_size:
+def tokenizer_fix(vocab: int, tried: str | None = None) -> str:
+    """How to read text with a tokenizer of the model's ``vocab`` tokens, after the kind
+    ``tried`` (``"char"``, ``"gpt2"``; None: none was) gave another size: another kind where
+    one can fit, else that the text does not fit the model's tokenizer."""
+    if tried is None:
+        return TOKENIZER_FIX.format(vocab=vocab)
+    if tried == "char" and vocab == GPT2_VOCAB:
+        return f"the model has GPT-2's {GPT2_VOCAB} tokens: pass --tokenizer gpt2"
+    if tried == "gpt2":
+        return ("the text does not fit this model's tokenizer as GPT-2's BPE; --tokenizer char "
+                f"fits only a model trained on the text's own characters ({vocab} of them)")
+    return (f"the text does not fit this model's tokenizer: its characters are not the model's "
+            f"{vocab} tokens, nor is GPT-2's BPE ({GPT2_VOCAB}); evaluate text the model was "
+            f"trained on, or put the model's {TOKENIZER_FILE} beside it")
+
+
+def _check_vocab(tokenizer: Tokenizer, config: Any, what: str, tried: str | None = None) -> None:
+    if not fits_vocabulary(tokenizer, config.vocab_size):
+        size = tokenizer.vocab_size
         raise GlmcError(f"{what} has {size} tokens, the model's vocabulary {config.vocab_size}; "
                         "the token ids would not be the model's "
-                        f"({TOKENIZER_FIX.format(vocab=config.vocab_size)})")
+                        f"({tokenizer_fix(config.vocab_size, tried)})")
 
 
 def _load_text(data: str | Path, tokenizer: str | Tokenizer | None, source: str | None,
@@ -189,11 +220,12 @@ def _load_text(data: str | Path, tokenizer: str | Tokenizer | None, source: str 
         raise
 
 
-def recorded_split_seed(model: Any) -> tuple[int, Path] | None:
-    """The image split seed in a model folder's training record and the record's path.
+def training_record(model: Any) -> tuple[dict, Path] | None:
+    """A model folder's training record (``glmc_train.json``, written by ``glmc train``) and
+    its path, checked to hold an integer ``data_seed``.
 
-    ``model``: a folder or a LoadedModel; its ``glmc_train.json`` (written by ``glmc train``)
-    holds ``data_seed``. None for a folder without a record, or a model made in memory.
+    ``model``: a folder or a LoadedModel; None for a folder without a record, or a model made
+    in memory.
     """
     from glmc.io.folders import TRAIN_FILE, LoadedModel
 
@@ -203,13 +235,67 @@ def recorded_split_seed(model: Any) -> tuple[int, Path] | None:
         return None
     path = Path(model) / TRAIN_FILE
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise GlmcError(f"{path}: not a glmc training record ({reason(e)})") from None
     seed = record.get("data_seed") if isinstance(record, dict) else None
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise GlmcError(f"{path}: not a glmc training record (no integer data_seed)")
-    return seed, path
+    return record, path
+
+
+def recorded_split_seed(model: Any) -> tuple[int, Path] | None:
+    """The image split seed in a model folder's training record and the record's path (see
+    :func:`training_record`); None without a record."""
+    found = training_record(model)
+    return None if found is None else (found[0]["data_seed"], found[1])
+
+
+def _data_name(record: dict) -> str | None:
+    """The data a record's run trained on, as compared between records: a dataset's name
+    (any case), a path's file name (one file reached by two paths is the same data)."""
+    data = record.get("data")
+    if not isinstance(data, str):
+        return None
+    return data.lower() if data.lower() in DATASETS else Path(data).name
+
+
+def check_training_data(models: Sequence[Any], images: bool) -> None:
+    """The models' training records (those that hold one) must name the same data, and for
+    ``images`` the same split seed: else their test splits differ, and one may hold what the
+    other trained on (text splits are contiguous, the same for every seed).
+
+    Raises:
+        GlmcError: records that disagree; the message names both folders and both values.
+    """
+    records = [r for r in map(training_record, models) if r is not None]
+    for record, path in records[1:]:
+        first, where = records[0]
+        ours, theirs = _data_name(first), _data_name(record)
+        if ours is not None and theirs is not None and ours != theirs:
+            raise GlmcError(f"{where.parent} was trained on {first['data']!r}, {path.parent} on "
+                            f"{record['data']!r} ({path.name}); they do not share a test split")
+        if images and record["data_seed"] != first["data_seed"]:
+            raise GlmcError(f"{where.parent} was trained on split seed {first['data_seed']}, "
+                            f"{path.parent} on {record['data_seed']}; they do not share a test "
+                            "split")
+
+
+def split_warnings(models: Sequence[Any]) -> list[str]:
+    """The warning for a pair (folders, LoadedModels or CanonicalModels) evaluated or trained
+    on data when either holds no training record: whether the test split holds nothing it
+    trained on cannot be checked (a record says which data and split the run used)."""
+    from glmc.io.folders import TRAIN_FILE, name_of
+
+    missing = [name_of(m, "B" if i else "A") for i, m in enumerate(models)
+               if training_record(m) is None]
+    missing = list(dict.fromkeys(missing))
+    if not missing:
+        return []
+    verb = "holds" if len(missing) == 1 else "hold"
+    return [f"{' and '.join(missing)} {verb} no training record ({TRAIN_FILE}, written by "
+            "glmc train): the test split's independence from the models' training data "
+            "cannot be checked"]
 
 
 def split_seed(models: Sequence[Any], data_seed: int | None = None) -> int:
@@ -217,19 +303,15 @@ def split_seed(models: Sequence[Any], data_seed: int | None = None) -> int:
     holds nothing they trained on.
 
     It comes from the models' training records (see :func:`recorded_split_seed`), which must
-    agree; ``data_seed`` (``--data-seed``) applies only where no model holds a record, and
-    must equal a record it meets; 0 when there is neither.
+    agree (see :func:`check_training_data`); ``data_seed`` (``--data-seed``) applies only
+    where no model holds a record, and must equal a record it meets; 0 when there is neither.
 
     Raises:
         GlmcError: records that disagree, or a ``data_seed`` that contradicts one; the message
             names the folders and both seeds.
     """
+    check_training_data(models, images=True)
     records = [r for r in map(recorded_split_seed, models) if r is not None]
-    for seed, path in records[1:]:
-        if seed != records[0][0]:
-            first, where = records[0]
-            raise GlmcError(f"{where.parent} was trained on split seed {first}, {path.parent} "
-                            f"on {seed}; they do not share a test split")
     if not records:
         return 0 if data_seed is None else data_seed
     seed, path = records[0]
@@ -252,13 +334,17 @@ def load_pair_data(
     ``data`` is read as :func:`load_eval_data` reads it (text with the tokenizer saved with
     ``models``: folders, LoadedModels or CanonicalModels); an image dataset is split with the
     seed the models were trained on (:func:`split_seed`, ``data_seed`` where they hold no
-    record). Text splits are contiguous: text ignores data seeds.
+    record). Text splits are contiguous: text ignores data seeds. Models whose training
+    records name other data (or, for images, another split seed) are refused
+    (:func:`check_training_data`); see :func:`split_warnings` for models without one.
 
     Returns:
         (dataset, the split seed used; None for text or an already loaded dataset).
     """
+    images = not task_of(config).text
+    check_training_data(models, images)
     seed = None
-    if isinstance(data, (str, Path)) and not task_of(config).text:
+    if isinstance(data, (str, Path)) and images:
         seed = split_seed(models, data_seed)
     ds = load_eval_data(data, config, folders=models, tokenizer=tokenizer, seed=seed or 0)
     return ds, seed
@@ -490,4 +576,7 @@ __all__ = [
     "load_pair_data",
     "resolve_device",
     "split_seed",
+    "split_warnings",
+    "tokenizer_fix",
+    "training_record",
 ]

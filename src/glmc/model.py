@@ -89,10 +89,16 @@ def check_pair(a: CanonicalModel, b: CanonicalModel, where: str = "") -> None:
     mismatch = (set(a.state) != set(b.state)
                 or any(ta.shape != b.state[n].shape for n, ta in a.state.items()))
     if mismatch:
+        arch_a, arch_b = (m.config.source.get("arch") if isinstance(
+            getattr(m.config, "source", None), dict) else None for m in (a, b))
+        if arch_a != arch_b:
+            raise GlmcError(f"{at}the models are of different architectures ({arch_a} in A, "
+                            f"{arch_b} in B)")
         diff = a.config.differences(b.config) if type(a.config) is type(b.config) else []
         if diff:
-            raise GlmcError(f"{at}the models differ in {', '.join(diff)} (aligning models of "
-                            "different shapes is not supported)")
+            more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
+            raise GlmcError(f"{at}the models differ in {', '.join(diff[:3])}{more} (aligning "
+                            "models of different shapes is not supported)")
     for name, ta in a.state.items():
         if name not in b.state:
             raise GlmcError(f"{at}model B lacks tensor {name} (shape {list(ta.shape)} in A)")

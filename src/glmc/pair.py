@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from glmc.data import TOKENIZER_FILE
+from glmc.data import HF_TOKENIZER_FILE, TOKENIZER_FILE
 from glmc.errors import GlmcError
 from glmc.families.importers import Importer
 from glmc.io.folders import LoadedModel, ModelLike, canonical, load_model, name_of
@@ -24,15 +24,21 @@ def _same_json(x: str, y: str) -> bool:
         return x == y
 
 
-def shared_tokenizer(a: CanonicalModel, b: CanonicalModel, where: str = "A vs B") -> str | None:
-    """The tokenizer file both models were trained with (``glmc_tokenizer.json``; one of them
-    may lack it), or None; a GlmcError when they hold different ones."""
-    ta, tb = a.files.get(TOKENIZER_FILE), b.files.get(TOKENIZER_FILE)
-    if ta is not None and tb is not None and not _same_json(ta, tb):
-        raise GlmcError(f"{where}: the models hold different tokenizers ({TOKENIZER_FILE}); "
-                        "they were not trained on the same token ids, so they are not "
-                        "comparable")
-    return ta if ta is not None else tb
+def shared_tokenizer(a: CanonicalModel, b: CanonicalModel,
+                     where: str = "A vs B") -> dict[str, str]:
+    """The tokenizer files both models were trained with (``glmc_tokenizer.json``, a
+    checkpoint's ``tokenizer.json``; one of them may lack one), by name; a GlmcError when
+    they hold different ones."""
+    shared = {}
+    for name in (TOKENIZER_FILE, HF_TOKENIZER_FILE):
+        ta, tb = a.files.get(name), b.files.get(name)
+        if ta is not None and tb is not None and not _same_json(ta, tb):
+            raise GlmcError(f"{where}: the models hold different tokenizers ({name}); they "
+                            "were not trained on the same token ids, so they are not "
+                            "comparable")
+        if ta is not None or tb is not None:
+            shared[name] = ta if ta is not None else tb
+    return shared
 
 
 def prepare_pair(model_a: ModelLike, model_b: ModelLike,
@@ -42,9 +48,9 @@ def prepare_pair(model_a: ModelLike, model_b: ModelLike,
     if heads not in ("inner", "circuit"):
         raise GlmcError(f"unknown heads mode {heads!r} (inner or circuit)")
     a, b = canonical(model_a), canonical(model_b)
-    tokenizer = shared_tokenizer(a, b, f"{name_of(model_a, 'A')} vs {name_of(model_b, 'B')}")
-    if tokenizer is not None:  # (an output of either carries it)
-        a, b = (m.with_files({TOKENIZER_FILE: tokenizer}) for m in (a, b))
+    tokenizers = shared_tokenizer(a, b, f"{name_of(model_a, 'A')} vs {name_of(model_b, 'B')}")
+    if tokenizers:  # (an output of either carries them)
+        a, b = (m.with_files(tokenizers) for m in (a, b))
     if heads == "circuit":
         a, b = (m.family.circuit_form(m) for m in (a, b))
     check_pair(a, b)

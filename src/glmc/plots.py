@@ -23,6 +23,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from glmc.barrier import BarrierReport, MethodResult  # noqa: E402
 from glmc.errors import GlmcError  # noqa: E402
 from glmc.io.atomic import atomic_path  # noqa: E402
+from glmc.io.outputs import check_plot_path  # noqa: E402
 
 #: Okabe-Ito colours (colour-blind safe) and markers of the known methods; others cycle.
 STYLES: dict[str, tuple[str, str]] = {
@@ -35,17 +36,6 @@ STYLES: dict[str, tuple[str, str]] = {
 }
 _EXTRA = [("#000000", "X"), ("#F0E442", "*"), ("#882255", "h"), ("#44AA99", "p")]
 _LINESTYLES = ["-", "--", ":", "-."]
-FORMATS = ("png", "pdf", "svg")
-
-
-def check_plot_path(path: str | Path) -> str:
-    """The figure format implied by ``path``'s suffix (png, pdf or svg); GlmcError otherwise."""
-    suffix = Path(path).suffix.lower().lstrip(".")
-    if suffix not in FORMATS:
-        raise GlmcError(f"{path}: the plot file must end in .png (or .pdf, .svg)")
-    return suffix
-
-
 def _style(name: str, extra: dict[str, tuple[str, str]]) -> tuple[str, str]:
     if name in STYLES:
         return STYLES[name]

@@ -82,12 +82,23 @@ def compare(a: torch.Tensor, b: torch.Tensor, tol: float | None = None,
     return Certificate(diff, scale, tol)
 
 
+#: The certificates' tolerance relative to the logits' scale, by the dtype a folder's weights
+#: are stored in: rounding the weights to bfloat16 (8 significant bits) or float16 moves the
+#: logits by about their precision times the depth.
+REL_TOL = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 4e-2}
+
+
 def certify_folder(folder: str | Path, x: torch.Tensor, want: torch.Tensor) -> dict:
-    """max |Δ logits| between the model folder as written and the reference logits ``want``
-    on inputs ``x`` (the folder's own class, float64), as a report entry."""
+    """max |Δ logits| between the model folder as written (in the dtype it stores, read by
+    its own class, evaluated in float64) and the reference logits ``want`` on inputs ``x``,
+    as a report entry; the tolerance follows the stored dtype (:data:`REL_TOL`)."""
     from glmc.io.folders import load_model
 
-    return compare(want, folder_logits(load_model(folder))(x)).to_json()
+    loaded = load_model(folder)
+    source = getattr(loaded.canonical.config, "source", {}) or {}
+    stored = source.get("dtype", "float32") if isinstance(source, dict) else "float32"
+    cert = compare(want, folder_logits(loaded)(x), rel_tol=REL_TOL.get(stored, 1e-4))
+    return {**cert.to_json(), "stored_dtype": stored}
 
 
 def same_interface(a: Any, b: Any, where: str) -> None:

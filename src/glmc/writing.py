@@ -4,6 +4,7 @@ dicts (:func:`export_state_dict`)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from glmc.errors import GlmcError
 from glmc.io.atomic import atomic_path
 from glmc.io.folders import (
     REPORT,
+    TRAIN_FILE,
     LoadedModel,
     ModelLike,
     canonical,
@@ -36,43 +38,81 @@ if TYPE_CHECKING:
 def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool = True,
          report: dict | None = None, transform: Transform | None = None,
          stock_state: tuple[Any, StateDict] | None = None,
-         certify: Callable[[Path], dict] | None = None) -> dict:
+         certify: Callable[[Path], dict] | None = None, release: bool = False,
+         started: float | None = None) -> dict:
     """Write a model folder as the command line does, and return its report.
 
     ``model``: a merged or aligned model (CanonicalModel) or a loaded one. The folder holds
     the stock class when the model is representable (else a glmc folder, which every glmc
     command reads), the tokenizer and generation config the model carries, ``transform``
-    when given, and ``glmc_report.json`` (``report`` plus the format written, and with
-    ``certify``, its certificate of the folder as written: see :func:`save_certified`). An existing
-    non-empty ``path`` is replaced only with ``force``; the location is checked (writable,
-    free space) before anything is written, and the write is atomic.
+    when given, and ``glmc_report.json``: what is known of the model (see
+    :func:`model_facts`) updated by ``report``, the format written, its notes, with
+    ``certify`` its certificate of the folder as written (see :func:`save_certified`), and
+    the ``seconds`` since ``started`` (a ``time.perf_counter()``). An existing non-empty
+    ``path`` is replaced only with ``force``; the location is checked (writable, free space)
+    before anything is written, and the write is atomic.
+
+    ``release``: ``model`` (a CanonicalModel the caller no longer needs) is emptied once
+    written, before ``certify`` reads the folder back: the two are never in memory together.
     """
     m = canonical(model).to(torch.float32)
     check_output(path, model_bytes(m.n_params()), force=force, option="path",
                  force_flag="force=True")
-    report = dict(report or {})
+    report = model_facts(model, m) | dict(report or {})
+    if release and isinstance(model, CanonicalModel):
+        model.state = {}  # (m holds the tensors now; save_folder drops them once written)
+    del model
     return save_folder(path, m, stock=stock, report=report, transform=transform,
-                       stock_state=stock_state, certify=certify)
+                       stock_state=stock_state, certify=certify, release=release,
+                       started=started)
+
+
+def model_facts(model: ModelLike, m: CanonicalModel) -> dict[str, Any]:
+    """What a report can say of any model saved: the command that made it when its folder
+    says (its ``glmc_report.json``, or ``glmc_train.json``: train), the folder it was read
+    from, its description, its parameters and the files it carries; ``m`` is its canonical
+    form."""
+    facts: dict[str, Any] = {}
+    folder = model.path if isinstance(model, LoadedModel) else model
+    if isinstance(folder, (str, Path)):
+        command = made_by(Path(folder))
+        facts |= {"command": command} if command else {}
+        facts["model"] = str(folder)
+    return facts | {"description": m.config.describe(), "n_params": m.n_params(),
+                    "files": sorted(m.files)}
+
+
+def made_by(folder: Path) -> str | None:
+    """The glmc command that wrote ``folder``, as its report or training record says."""
+    if (folder / TRAIN_FILE).is_file():
+        return "train"
+    try:
+        command = json.loads((folder / REPORT).read_text(encoding="utf-8")).get("command")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return command if isinstance(command, str) else None
 
 
 def save_certified(model: CanonicalModel, path: str | Path, report: dict,
                    reference: tuple[torch.Tensor, torch.Tensor], *,
                    transform: Transform | None = None, force: bool = False,
-                   stock: bool = True) -> dict:
-    """Write ``model`` (see :func:`save`) with ``report`` plus the certificate that the folder
-    as written computes ``reference`` = (inputs, the logits it must give), taken before the
-    folder takes its name; returns the report. An aligned B must give B's logits, a canonical
-    form its input's."""
+                   stock: bool = True, release: bool = False,
+                   started: float | None = None) -> dict:
+    """Write ``model`` (see :func:`save`, also for ``release`` and ``started``) with ``report``
+    plus the certificate that the folder as written computes ``reference`` = (inputs, the
+    logits it must give), taken before the folder takes its name; returns the report. An
+    aligned B must give B's logits, a canonical form its input's."""
     return save(model, path, force=force, stock=stock, report=report, transform=transform,
-                certify=lambda folder: certify_folder(folder, *reference))
+                certify=lambda folder: certify_folder(folder, *reference), release=release,
+                started=started)
 
 
 def certify_saved(path: str | Path, report: dict, reference: tuple[torch.Tensor, torch.Tensor],
                   started: float | None = None) -> dict:
-    """Certify a folder :func:`save` wrote (see :func:`save_certified`) and rewrite its report
-    with the certificate (and the ``seconds`` since ``started``, a ``time.perf_counter()``):
-    for a caller that releases the model between the two, as ``glmc align`` does, so that the
-    model and its read-back copy are never in memory together."""
+    """Certify a folder written without its certificate and rewrite its report with it (and
+    the ``seconds`` since ``started``, a ``time.perf_counter()``). The folder exists
+    uncertified meanwhile: prefer :func:`save_certified`, whose ``release`` also keeps the
+    model and its read-back copy apart in memory (as ``glmc align`` does)."""
     report = report | {"certificate": certify_folder(path, *reference)}
     if started is not None:
         report["seconds"] = round(time.perf_counter() - started, 3)
@@ -84,7 +124,6 @@ def write_report(folder: str | Path, report: dict) -> None:
     """Replace ``folder``'s ``glmc_report.json`` (atomically)."""
     with output_errors(folder):
         write_json(Path(folder) / REPORT, report)
-
 
 
 def save_alignment(al: Alignment, path: str | Path, *, force: bool = False,

@@ -9,7 +9,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from glmc.cli.common import add_allow_pickle, add_json, add_out, emit_json
+from glmc.cli.common import (
+    add_allow_pickle,
+    add_json,
+    add_out,
+    emit_json,
+    print_notes,
+    print_warnings,
+)
 from glmc.cli.main import add_command
 from glmc.cli.options import (
     add_alignment_options,
@@ -28,20 +35,28 @@ if TYPE_CHECKING:  # (torch and the library load when a command runs: --help sta
     from glmc.io.folders import LoadedModel
 
 
+def check_pair_options(args: argparse.Namespace) -> None:
+    """The checks of align and merge that need no torch, before it loads: the option values,
+    and OUT, which must be neither input, and free (or --force), writable and with room for
+    B's size."""
+    from glmc.io.outputs import check_output, model_bytes, stored_params
+
+    check_at_least(args, iters=1)
+    learned_options(args, args.out)
+    check_output(args.out, model_bytes(stored_params(args.b)), force=args.force,
+                 inputs=(args.a, args.b))
+
+
 def load_pair(args: argparse.Namespace,
               keep_stock: bool = False) -> tuple[LoadedModel, LoadedModel]:
-    """Both input folders, checked to share their inputs, outputs and tokenizer; OUT must be
-    neither, and must be free (or --force), writable and have room for B's size.
+    """Both input folders (see :func:`check_pair_options` for the checks before), checked to
+    share their inputs, outputs and tokenizer.
 
     A's stock weights are dropped unless ``keep_stock`` (B's are kept)."""
     from glmc.api import shared_tokenizer
     from glmc.io.folders import load_model
-    from glmc.io.outputs import check_output, model_bytes, stored_params
     from glmc.verify import same_interface
 
-    check_output(args.out, model_bytes(stored_params(args.b)), force=args.force,
-                 inputs=(args.a, args.b))
-    check_at_least(args, iters=1)
     a = load_model(args.a, allow_pickle=args.allow_pickle)
     if not keep_stock:
         a.stock_state = None  # (A is needed in canonical form only)
@@ -150,7 +165,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_learned_options(p)
     add_json(p)
     add_allow_pickle(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, check=check_pair_options)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -163,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    from glmc.api import certify_saved, save
+    from glmc.api import save_certified
     from glmc.distributed import is_main
 
     t0 = time.perf_counter()
@@ -176,12 +191,14 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     report = al.report() | {"a": str(args.a), "b": str(args.b)}
     lines, aligned, transform = summary(args, al), al.aligned.to(torch.float32), al.transform
-    del al, a, b  # (released before OUT is written and loaded again for the certificate)
-    report = save(aligned, args.out, force=args.force, stock=not args.no_stock, report=report,
-                  transform=transform)
-    del aligned  # (not in memory beside its read-back copy while that is certified)
-    report = certify_saved(args.out, report, reference, started=t0)
+    del al, a, b  # (released before OUT is written and read back for the certificate)
+    # (release: the written model is dropped before the temporary folder is certified, so
+    # that it is not in memory beside its read-back copy; OUT takes its name only then)
+    report = save_certified(aligned, args.out, report, reference, transform=transform,
+                            force=args.force, stock=not args.no_stock, release=True,
+                            started=t0)
     drop_checkpoint(args)
+    print_warnings(report.get("warnings", []))
     ok = report["certificate"]["equal"]
     if args.json:
         emit_json(report)
@@ -189,4 +206,5 @@ def _run(args: argparse.Namespace) -> int:
         print("\n".join(lines))
         print(f"wrote {args.out} ({report['format']}); aligned B vs B: max |Δ logits| = "
               f"{report['certificate']['max_abs_diff']:.3e} ({'ok' if ok else 'MISMATCH'})")
+        print_notes(report)
     return 0 if ok else 1

@@ -7,7 +7,7 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
-from glmc.cli.common import add_allow_pickle, add_json, emit_json
+from glmc.cli.common import add_allow_pickle, add_json, emit_json, print_warnings
 from glmc.cli.main import add_command
 from glmc.cli.options import (
     add_alignment_options,
@@ -16,10 +16,17 @@ from glmc.cli.options import (
     add_tokenizer,
     alignment_options,
     check_at_least,
+    check_points,
+    learned_options,
 )
 from glmc.data.catalog import DATASETS
-from glmc.defaults import DEFAULT_IMAGE_BATCH, DEFAULT_TEXT_TOKENS, TEXT_LOGITS_BUDGET
-from glmc.methods import METHODS
+from glmc.defaults import (
+    DEFAULT_IMAGE_BATCH,
+    DEFAULT_TEXT_TOKENS,
+    MAX_POINTS,
+    TEXT_LOGITS_BUDGET,
+)
+from glmc.methods import METHODS, get_method
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -47,7 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "none: the paper's vanilla average of the stock weights as loaded (Hugging "
                    "Face folders); canonical: averaging in canonical coordinates (after the "
                    "exact RMSNorm rewrite), no alignment")
-    p.add_argument("--points", type=int, default=11, help="λ grid size, evenly spaced in [0, 1]")
+    p.add_argument("--points", type=int, default=11,
+                   help=f"λ grid size, evenly spaced in [0, 1]: 2 to {MAX_POINTS} (each point "
+                   "evaluates the split once; 2, the endpoints alone, gives a barrier of 0)")
     p.add_argument("--split", choices=("train", "val", "test"), default="test",
                    help="the evaluated split")
     g = p.add_argument_group("evaluation")
@@ -73,7 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "any work)")
     add_json(p)
     add_allow_pickle(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, check=check)
 
 
 def _fmt(x: float | None, percent: bool = False) -> str:
@@ -127,6 +136,21 @@ def tokenizer_warnings(args: argparse.Namespace, a: Any, b: Any, data: Any) -> l
             "vocabulary: right only if they were trained on it"]
 
 
+def check(args: argparse.Namespace) -> None:
+    """The checks that need no torch, before it loads: the methods, the option values and
+    the --plot file."""
+    from glmc.io.outputs import SMALL_OUTPUT, check_output, check_plot_path
+
+    for name in dict.fromkeys(args.methods or DEFAULT_METHODS):
+        get_method(name)
+    check_points(args)
+    check_at_least(args, iters=1, batch_size=1, context=1, max_batches=0)
+    learned_options(args, None)
+    if args.plot:
+        check_plot_path(args.plot)
+        check_output(args.plot, SMALL_OUTPUT, force=args.force, option="--plot")
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import (
@@ -137,21 +161,14 @@ def run(args: argparse.Namespace) -> int:
         TimeElapsedColumn,
     )
 
-    from glmc.barrier import get_method, lambda_grid, prepare_barrier, run_barrier
+    from glmc.barrier import prepare_barrier, run_barrier
     from glmc.cli.common import console
     from glmc.evaluate import resolve_device
     from glmc.io.folders import load_model
-    from glmc.io.outputs import SMALL_OUTPUT, check_output, output_errors
-    from glmc.plots import check_plot_path, plot_barriers
+    from glmc.io.outputs import output_errors
+    from glmc.plots import plot_barriers
 
     methods = list(dict.fromkeys(args.methods or DEFAULT_METHODS))
-    for name in methods:
-        get_method(name)
-    check_at_least(args, points=2, iters=1, batch_size=1, context=1, max_batches=0)
-    lambda_grid(args.points)
-    if args.plot:
-        check_plot_path(args.plot)
-        check_output(args.plot, SMALL_OUTPUT, force=args.force, option="--plot")
     resolve_device(args.device)
     a = load_model(args.a, allow_pickle=args.allow_pickle)
     b = load_model(args.b, allow_pickle=args.allow_pickle)
@@ -164,9 +181,10 @@ def run(args: argparse.Namespace) -> int:
                                 seed=args.seed)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
-    # (off a terminal a transient bar shows nothing, and leaves a blank line on stderr)
+    # A bar per method, advanced at every point, on a terminal (off one a transient bar shows
+    # nothing and leaves a blank line on stderr; under --json stderr keeps to warnings).
     with Progress(*columns, console=console, transient=True,
-                  disable=not console.is_terminal) as bar:
+                  disable=args.json or not console.is_terminal) as bar:
         tasks = {m: bar.add_task(f"{m}: waiting", total=args.points) for m in methods}
 
         def progress(method: str, stage: str, done: int, total: int) -> None:
@@ -183,8 +201,7 @@ def run(args: argparse.Namespace) -> int:
                              data_seed=args.data_seed, options=options, progress=progress)
     report.data = str(args.data)
     report.warnings[:0] = tokenizer_warnings(args, a, b, data)
-    for w in report.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+    print_warnings(report.warnings)
     plot_path = None
     if args.plot:
         with output_errors(args.plot):
@@ -198,4 +215,3 @@ def run(args: argparse.Namespace) -> int:
         if plot_path:
             print(f"wrote {plot_path}")
     return 0
-

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from glmc.cli.common import add_allow_pickle, add_json, add_out, emit_json
+from glmc.cli.common import add_allow_pickle, add_json, add_out, emit_json, print_notes
 from glmc.cli.main import add_command
 
 
@@ -23,16 +23,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="write the stock class when the result is representable")
     add_json(p)
     add_allow_pickle(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    """OUT, before torch loads: neither the input, and free (or --force), writable and with
+    room for the model's size."""
+    from glmc.io.outputs import check_output, model_bytes, stored_params
+
+    check_output(args.out, model_bytes(stored_params(args.model)), force=args.force,
+                 inputs=(args.model,))
 
 
 def run(args: argparse.Namespace) -> int:
     from glmc.api import save_canonical
     from glmc.io.folders import load_model
-    from glmc.io.outputs import check_output, model_bytes, stored_params
 
-    check_output(args.out, model_bytes(stored_params(args.model)), force=args.force,
-                 inputs=(args.model,))
     m = load_model(args.model, allow_pickle=args.allow_pickle)
     report = save_canonical(m, args.out, attention=args.attention, stock=args.stock,
                             force=args.force)
@@ -42,4 +48,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {args.out} ({report['format']}); max |Δ logits| vs input = "
               f"{cert['max_abs_diff']:.3e}")
+        print_notes(report)
     return 0 if cert["equal"] else 1

@@ -27,9 +27,18 @@ def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
 
 
+def nonempty_path(value: str) -> str:
+    """An argparse ``type``: a path, refused when empty (``-o ""`` names no place; the current
+    folder it would resolve to is no output)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("empty path")
+    return value
+
+
 def add_out(p: argparse.ArgumentParser, help: str, **kwargs: Any) -> None:
     """-o/--out (a model folder, replaced atomically) and --force."""
-    p.add_argument("-o", "--out", required=True, metavar="OUT", help=help, **kwargs)
+    p.add_argument("-o", "--out", required=True, metavar="OUT", type=nonempty_path, help=help,
+                   **kwargs)
     p.add_argument("--force", action="store_true",
                    help="replace an existing OUT (without it, an OUT that exists and is not "
                    "empty is refused before any work)")
@@ -44,3 +53,21 @@ def add_allow_pickle(p: argparse.ArgumentParser,
 def emit_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def print_notes(report: dict) -> None:
+    """The report's notes on stdout, one ``note:`` line each (under --json they are in the
+    JSON)."""
+    for note in report.get("notes", []):
+        print(f"note: {note}")
+
+
+def print_warnings(warnings: list[str]) -> None:
+    """Each warning on stderr, one line each (not wrapped at the terminal's width; a path's
+    brackets are not markup)."""
+    from rich.markup import escape
+
+    from glmc.cli.common import console  # (made on first use, see __getattr__)
+
+    for w in warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}", soft_wrap=True)

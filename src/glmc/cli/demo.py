@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from glmc.cli.common import add_json, emit_json
+from glmc.cli.common import add_json, emit_json, nonempty_path
 from glmc.cli.main import add_command
-from glmc.cli.options import check_at_least
+from glmc.cli.options import check_at_least, check_points
+from glmc.defaults import MAX_POINTS
 from glmc.methods import METHODS as ALL_METHODS
+from glmc.methods import get_method
 
 #: What the cache may grow by: four models, each with a checkpoint in flight (the full
 #: demo's models have about 0.6M parameters; --quick's about 30k).
@@ -28,29 +30,45 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true",
                    help="a smoke test of the pipeline: tiny models, few steps, seconds (its "
                    "numbers are not results)")
-    p.add_argument("-o", "--out", default="glmc-demo", help="output folder (plots, report)")
+    p.add_argument("-o", "--out", default="glmc-demo", type=nonempty_path,
+                   help="output folder (plots, report)")
     p.add_argument("--force", action="store_true",
                    help="write into an existing non-empty output folder, replacing its report, "
                    "results and plots (without it, one is refused before any work)")
-    p.add_argument("--cache", default="glmc-cache",
+    p.add_argument("--cache", default="glmc-cache", type=nonempty_path,
                    help="trained models are kept here and reused by later runs")
     p.add_argument("--align", action="append", metavar="METHOD", dest="methods",
                    help=f"alignment methods, repeatable (available: {', '.join(ALL_METHODS)}; "
                    "default: all)")
-    p.add_argument("--points", type=int, default=11, help="λ grid size")
+    p.add_argument("--points", type=int, default=11,
+                   help=f"λ grid size: 2 to {MAX_POINTS} (each point evaluates the test split "
+                   "once)")
     p.add_argument("--learned-steps", type=int, default=None,
                    help="learned matching steps (default: the library's, 40 with --quick)")
     p.add_argument("--parallel", type=int, default=None,
                    help="models trained at once, one thread each (default: min(2, CPUs))")
     add_json(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    """The checks that need no torch, before it loads: methods, option values, the output
+    folder and the cache."""
+    from glmc.io.outputs import check_output
+
+    for m in dict.fromkeys(args.methods or ()):
+        get_method(m)
+    check_points(args)
+    check_at_least(args, learned_steps=1, parallel=1)
+    check_output(args.out, OUT_BYTES, force=args.force, into=True)
+    check_output(args.cache, CACHE_BYTES[args.quick], force=True, into=True,  # (reused)
+                 option="--cache")
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from glmc.barrier import get_method
     from glmc.cli.common import console
     from glmc.demo import (
         METHOD_TITLES,
@@ -60,15 +78,8 @@ def run(args: argparse.Namespace) -> int:
         run_demo,
         table_rows,
     )
-    from glmc.io.outputs import check_output
 
     methods = tuple(dict.fromkeys(args.methods or METHODS))
-    for m in methods:
-        get_method(m)
-    check_at_least(args, points=2, learned_steps=1, parallel=1)
-    check_output(args.out, OUT_BYTES, force=args.force, into=True)
-    check_output(args.cache, CACHE_BYTES[args.quick], force=True, into=True,  # (reused)
-                 option="--cache")
 
     def note(msg: str) -> None:
         if not args.json:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -64,11 +65,11 @@ def add_command(sub, name: str, help: str, example: str) -> argparse.ArgumentPar
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # (--help and --version exit here, without torch)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # (to print a command to rerun)
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    import transformers
-
-    transformers.logging.set_verbosity_error()
     try:
+        check = getattr(args, "check", None)
+        if check is not None:  # (torch-free checks of the values: a typo is refused at once)
+            check(args)
+        _quiet_transformers()
         return int(args.func(args) or 0)
     except GlmcError as e:  # (one line, whatever the message holds)
         message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
@@ -81,5 +82,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
 
 
+def _quiet_transformers() -> None:
+    """transformers' warnings off (the commands say what matters in their own words)."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+
+
 def entry() -> None:  # pragma: no cover
-    sys.exit(main())
+    code = main()
+    # The work is done and said: a Ctrl-C while the interpreter exits (torch's exit
+    # handlers, say) ends it at once with the command's status instead of a traceback.
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(code))
+    sys.exit(code)

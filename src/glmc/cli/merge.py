@@ -5,8 +5,20 @@ from __future__ import annotations
 import argparse
 import time
 
-from glmc.cli.align import alignment_progress, drop_checkpoint, load_pair
-from glmc.cli.common import add_allow_pickle, add_json, add_out, emit_json
+from glmc.cli.align import (
+    alignment_progress,
+    check_pair_options,
+    drop_checkpoint,
+    load_pair,
+)
+from glmc.cli.common import (
+    add_allow_pickle,
+    add_json,
+    add_out,
+    emit_json,
+    print_notes,
+    print_warnings,
+)
 from glmc.cli.main import add_command
 from glmc.cli.options import (
     add_alignment_options,
@@ -46,7 +58,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_learned_options(p)
     add_json(p)
     add_allow_pickle(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    """The checks that need no torch, before it loads (see :func:`check_pair_options`)."""
+    if not 0.0 <= args.alpha <= 1.0:  # (the library checks it again)
+        raise GlmcError(f"--alpha must lie in [0, 1], got {args.alpha}")
+    if args.align == "none" and args.heads != "inner":
+        raise GlmcError("--heads circuit does not apply to --align none (the stock weights "
+                        "are averaged as loaded); use --align canonical --heads circuit")
+    check_pair_options(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,15 +79,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-
     from glmc.api import merge_pair
     from glmc.distributed import is_main
 
-    if not 0.0 <= args.alpha <= 1.0:  # (before any loading; the library checks it again)
-        raise GlmcError(f"--alpha must lie in [0, 1], got {args.alpha}")
-    if args.align == "none" and args.heads != "inner":
-        raise GlmcError("--heads circuit does not apply to --align none (the stock weights "
-                        "are averaged as loaded); use --align canonical --heads circuit")
     t0 = time.perf_counter()
     a, b = load_pair(args, keep_stock=args.align == "none")
     if args.align != "none":
@@ -79,9 +95,11 @@ def _run(args: argparse.Namespace) -> int:
     report = out.save(args.out, force=args.force, stock=not args.no_stock,
                       report={"a": str(args.a), "b": str(args.b)}, started=t0)
     drop_checkpoint(args)
+    print_warnings(report.get("warnings", []))
     if args.json:
         emit_json(report)
     else:
         print(f"wrote {args.out} ({report['format']}): {args.alpha}·A + {1 - args.alpha:g}·"
               f"{'π(B)' if out.alignment is not None else 'B'}")
+        print_notes(report)
     return 0

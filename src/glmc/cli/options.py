@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from glmc.defaults import CORRECTIONS
+from glmc.defaults import CORRECTIONS, MAX_POINTS
 from glmc.errors import GlmcError
 from glmc.matching.options import (
     WEIGHTINGS,
@@ -67,6 +67,15 @@ def check_at_least(args: argparse.Namespace, **minimums: int) -> None:
             raise GlmcError(f"--{dest.replace('_', '-')} must be at least {low}, got {value}")
 
 
+def check_points(args: argparse.Namespace) -> None:
+    """--points: the λ grid, from 2 (the endpoints alone) to MAX_POINTS (each point is one
+    evaluation of the split); checked before any work."""
+    check_at_least(args, points=2)
+    if args.points > MAX_POINTS:
+        raise GlmcError(f"--points must be at most {MAX_POINTS}, got {args.points} (each point "
+                        "evaluates the whole split once)")
+
+
 def add_tokenizer(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """--tokenizer: how text is encoded when the model folders hold no glmc_tokenizer.json."""
     p.add_argument("--tokenizer", choices=("char", "gpt2"), default=None,
@@ -91,8 +100,10 @@ def add_learned_options(p: argparse.ArgumentParser) -> None:
                    help="validate at the fixed λ = 0.5 every this many steps")
     g.add_argument("--patience", type=int, default=d.patience,
                    help="stop after this many validations without improvement (0: never)")
-    g.add_argument("--checkpoint-every", type=int, default=50,
-                   help="write the latents every this many steps (atomically)")
+    g.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
+                   help="write the latents beside OUT every this many steps (atomically); 0: "
+                   "only when the run ends, so a run killed before then leaves nothing to "
+                   "--resume")
     g.add_argument("--resume", action="store_true",
                    help="continue a killed learned-matching run from its checkpoint")
 

@@ -6,11 +6,12 @@ import argparse
 import dataclasses
 import shlex
 import sys
+from pathlib import Path
 
 from glmc.cli.common import add_json, add_out, emit_json
 from glmc.cli.main import add_command
 from glmc.data.catalog import DATASETS, PATH_HELP
-from glmc.training.options import ARCHS, TrainConfig
+from glmc.training.options import ARCHS, TrainConfig, check_train_output
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 
@@ -93,7 +94,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="cpu or cuda (bit-identical resumption is promised on CPU)")
     add_json(p)
     p.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, check=check)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -112,6 +113,15 @@ def resume_command(argv: list[str]) -> str:
             continue
         words.append(word)
     return shlex.join(["glmc", *words, *(["--resume"] if "--resume" not in words else [])])
+
+
+def check(args: argparse.Namespace) -> None:
+    """The checks that need no torch, before it loads: the options, and OUT (unless resuming,
+    which may find the finished run there)."""
+    cfg = config_from_args(args)
+    cfg.validate()
+    if not args.resume:
+        check_train_output(Path(args.out).expanduser().absolute(), cfg, args.force)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,16 +1,16 @@
-"""Tokenizers for text datasets, and saving/loading them as ``glmc_tokenizer.json``.
+"""Tokenizers for text datasets, and saving/loading them beside a model.
 
-Two kinds exist: :class:`CharTokenizer` (one id per character of a fixed vocabulary) and
-:class:`Gpt2Tokenizer` (GPT-2's byte-level BPE, see :mod:`glmc.data.gpt2_bpe`). Both turn text into
-a 1-D ``torch.long`` tensor and back, and serialise to a small JSON document whose ``"type"``
-field says which kind it is.
+Three kinds exist: :class:`CharTokenizer` (one id per character of a fixed vocabulary),
+:class:`Gpt2Tokenizer` (GPT-2's byte-level BPE, see :mod:`glmc.data.gpt2_bpe`) and
+:class:`HFTokenizer` (a checkpoint's own ``tokenizer.json``, read by the ``tokenizers`` package
+that transformers depends on). Each turns text into a 1-D ``torch.long`` tensor and back. The
+first two serialise to a small JSON document whose ``"type"`` field says which kind it is
+(``glmc_tokenizer.json``); a Hugging Face tokenizer is its own ``tokenizer.json``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +20,11 @@ import numpy as np
 import torch
 
 from glmc.errors import GlmcError
+from glmc.io.atomic import write_text
 
 TOKENIZER_FILE = "glmc_tokenizer.json"
+#: A Hugging Face checkpoint's tokenizer, read when a folder holds no glmc tokenizer.
+HF_TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_KINDS: tuple[str, ...] = ("char", "gpt2")
 
 
@@ -38,6 +41,15 @@ class Tokenizer(Protocol):
     def decode(self, ids: torch.Tensor | Sequence[int]) -> str: ...
 
     def to_json(self) -> str: ...
+
+
+def fits_vocabulary(tokenizer: Tokenizer, vocab_size: int) -> bool:
+    """Whether a model with ``vocab_size`` embedding rows reads this tokenizer's ids as its
+    own: the same count, or for a checkpoint's own tokenizer at most as many (checkpoints pad
+    their embedding, Pythia's to 50,304 rows for 50,277 tokens)."""
+    if getattr(tokenizer, "padded", False):
+        return tokenizer.vocab_size <= vocab_size
+    return tokenizer.vocab_size == vocab_size
 
 
 def _id_list(ids: torch.Tensor | Sequence[int], vocab_size: int) -> list[int]:
@@ -137,6 +149,46 @@ class Gpt2Tokenizer:
         return json.dumps({"type": "gpt2", "encoding": "r50k_base"})
 
 
+@dataclass(frozen=True)
+class HFTokenizer:
+    """A Hugging Face ``tokenizer.json`` (a checkpoint's own tokenizer), used as it is: text is
+    encoded without special tokens (the model reads the text's own tokens).
+
+    Attributes:
+        text: the file's contents (written into output folders unchanged).
+    """
+
+    text: str
+    kind: str = field(default="hf", init=False)
+    #: The model's embedding may have more rows than the tokenizer has tokens.
+    padded: bool = field(default=True, init=False)
+    _tokenizer: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        from tokenizers import Tokenizer as _Tokenizer
+
+        try:
+            tok = _Tokenizer.from_str(self.text)
+        except Exception as error:  # noqa: BLE001 - the user's file
+            raise GlmcError(f"not a valid tokenizers file ({error})") from None
+        object.__setattr__(self, "_tokenizer", tok)
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens, added ones included."""
+        return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str) -> torch.Tensor:
+        return torch.tensor(self._tokenizer.encode(text, add_special_tokens=False).ids,
+                            dtype=torch.long)
+
+    def decode(self, ids: torch.Tensor | Sequence[int]) -> str:
+        return self._tokenizer.decode(_id_list(ids, self.vocab_size), skip_special_tokens=False)
+
+    def to_json(self) -> str:
+        return self.text
+
+
 def make_tokenizer(kind: str | Tokenizer, text: str) -> Tokenizer:
     """Build the tokenizer named ``kind`` (``"char"`` or ``"gpt2"``) for a corpus ``text``.
 
@@ -154,9 +206,15 @@ def make_tokenizer(kind: str | Tokenizer, text: str) -> Tokenizer:
 
 
 def tokenizer_from_json(text: str, source: str = "tokenizer JSON") -> Tokenizer:
-    """Rebuild a tokenizer from :meth:`to_json` output; ``source`` names the file in errors."""
+    """Rebuild a tokenizer from :meth:`to_json` output, or a Hugging Face ``tokenizer.json``;
+    ``source`` names the file in errors."""
     try:
         data = json.loads(text)
+        if isinstance(data, dict) and "model" in data and "type" not in data:
+            try:
+                return HFTokenizer(text)
+            except GlmcError as error:
+                raise GlmcError(f"{source}: {error}") from None
         kind = data["type"]
         if kind == "char":
             return CharTokenizer(str(data["chars"]))
@@ -168,29 +226,31 @@ def tokenizer_from_json(text: str, source: str = "tokenizer JSON") -> Tokenizer:
 
 
 def save_tokenizer(folder: str | Path, tokenizer: Tokenizer) -> Path:
-    """Write ``folder/glmc_tokenizer.json`` atomically (temp file + rename); return its path."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / TOKENIZER_FILE
-    handle, temp = tempfile.mkstemp(dir=folder, prefix=f".{TOKENIZER_FILE}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(tokenizer.to_json())
-        os.replace(temp, target)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    """Write ``folder/glmc_tokenizer.json`` atomically (temp file + rename, with the ordinary
+    permissions of :func:`glmc.io.atomic.atomic_path`); return its path."""
+    target = Path(folder) / TOKENIZER_FILE
+    write_text(target, tokenizer.to_json())
     return target
 
 
+def tokenizer_file(folder: str | Path) -> Path | None:
+    """The tokenizer file a model folder holds: its ``glmc_tokenizer.json``, else a Hugging
+    Face checkpoint's ``tokenizer.json``; None for neither."""
+    for name in (TOKENIZER_FILE, HF_TOKENIZER_FILE):
+        if (Path(folder) / name).is_file():
+            return Path(folder) / name
+    return None
+
+
 def load_tokenizer(folder: str | Path) -> Tokenizer | None:
-    """Load ``folder/glmc_tokenizer.json``; return ``None`` if the folder has no such file.
+    """Load the tokenizer a model folder holds (see :func:`tokenizer_file`); ``None`` if it
+    holds none.
 
     Raises:
         GlmcError: the file exists but is not a valid tokenizer file.
     """
-    path = Path(folder) / TOKENIZER_FILE
-    if not path.is_file():
+    path = tokenizer_file(folder)
+    if path is None:
         return None
     try:
         text = path.read_text(encoding="utf-8")

@@ -25,4 +25,4 @@ __all__ = ["ARCHS", "FAMILIES", "IMPORTERS", "arch_named", "declare_arch", "decl
            "declare_importer", "family_named", "family_of", "importer_for"]
 
 # The families declare themselves on import (torch-free).
-from glmc.families import convnet, transformer  # noqa: E402, F401
+from glmc.families import transformer, convnet  # noqa: E402, F401, I001

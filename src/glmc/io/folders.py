@@ -10,6 +10,7 @@ transformer's (written before families existed).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,23 +18,30 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from glmc.errors import GlmcError, reason
 from glmc.families.base import check_shapes, module_shapes
 from glmc.families.importers import Importer, NotRepresentable
 from glmc.families.registry import family_named, importer_for
-from glmc.io.atomic import atomic_dir, atomic_path
+from glmc.io.atomic import atomic_dir
+from glmc.io.files import (
+    stored_dtype,
+    stored_dtype_of,
+    write_glmc,
+    write_hf,
+    write_json,
+)
 from glmc.io.outputs import output_errors
 from glmc.model import CanonicalModel
 from glmc.tensors import StateDict
 
-GLMC_FORMAT = 1
 #: The report and the transform written beside an output model's weights.
 REPORT = "glmc_report.json"
 TRANSFORM = "transform.safetensors"
 #: Files a model needs beyond its weights, carried from the input folders to the outputs.
-SIDE_FILES = ("glmc_tokenizer.json", "generation_config.json")
+SIDE_FILES = ("glmc_tokenizer.json", "generation_config.json", "tokenizer.json",
+              "tokenizer_config.json", "special_tokens_map.json")
 #: The training record ``glmc train`` writes beside a model (its config, data seed and log).
 TRAIN_FILE = "glmc_train.json"
 
@@ -63,10 +71,26 @@ class LoadedModel:
 
 
 def _read_json(path: Path) -> dict:
+    """The JSON object in ``path``; one GlmcError naming it when it is not UTF-8 text, not
+    JSON, or JSON of another kind (a list, a number)."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise GlmcError(f"{path} is not UTF-8 text (a JSON file is)") from None
     except json.JSONDecodeError as e:
         raise GlmcError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except OSError as e:
+        raise GlmcError(f"{path}: cannot read ({e.strerror or e})") from None
+    if not isinstance(data, dict):
+        raise GlmcError(f"{path} is not a JSON object (it holds a {_json_kind(data)})")
+    return data
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words."""
+    kinds = ((bool, "boolean"), (int, "number"), (float, "number"), (str, "string"),
+             (list, "list"), (type(None), "null"))
+    return next(name for kind, name in kinds if isinstance(value, kind))
 
 
 def _read_safetensors(path: Path) -> StateDict:
@@ -151,6 +175,9 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
     if not folder.is_dir():
         raise GlmcError(f"{folder}: not a model folder (expected a folder with config.json)")
     cfg_path = folder / "config.json"
+    if cfg_path.is_dir():
+        raise GlmcError(f"{cfg_path}: is a folder, not a file (a model folder's config.json "
+                        "is a JSON file)")
     if not cfg_path.is_file():
         raise GlmcError(f"{folder}: not a model folder (config.json is missing)")
     raw = _read_json(cfg_path)
@@ -163,12 +190,14 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
             raise GlmcError(f"{cfg_path}: invalid glmc config ({e})") from None
         check_shapes(folder / "model.safetensors", state, module_shapes(lambda: family.build(cfg)))
         _check_values(folder, state)
+        _record_dtype(cfg, state)
         state = {k: v.to(dtype) for k, v in state.items()}
         return LoadedModel(folder, CanonicalModel(cfg, state, read_side_files(folder)))
     model_type = raw.get("model_type")
     if model_type is None:
         raise GlmcError(f"{cfg_path}: no 'model_type' (not a transformers or glmc config)")
     importer = importer_for(model_type, str(cfg_path))
+    importer.check_config(raw, str(cfg_path))
     try:
         hf_config = importer.config_class().from_dict(raw)
     except Exception as e:  # noqa: BLE001
@@ -177,9 +206,18 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
     expected = module_shapes(lambda: importer.stock_model(hf_config))
     check_shapes(folder, state, expected, optional=importer.optional_keys(hf_config))
     _check_values(folder, state)
+    stored = stored_dtype_of(state)
     state = {k: v.to(dtype) for k, v in state.items()}
     canonical = importer.to_canonical(hf_config, state).with_files(read_side_files(folder))
+    _record_dtype(canonical.config, stored)
     return LoadedModel(folder, canonical, importer, hf_config, state)
+
+
+def _record_dtype(config: Any, stored: StateDict | str) -> None:
+    """Remember in the canonical config the dtype the weights were stored in (outputs are
+    written in it)."""
+    if isinstance(getattr(config, "source", None), dict):
+        config.source["dtype"] = stored if isinstance(stored, str) else stored_dtype_of(stored)
 
 
 def read_side_files(folder: Path) -> dict[str, str]:
@@ -189,7 +227,6 @@ def read_side_files(folder: Path) -> dict[str, str]:
         path = folder / name
         if path.is_file():
             try:
-    importer.check_config(raw, str(cfg_path))
                 files[name] = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as e:
                 raise GlmcError(f"{path}: cannot read ({e})") from None
@@ -217,24 +254,9 @@ def name_of(model: Any, default: str) -> str:
 # -- writing ------------------------------------------------------------------------------
 
 
-def write_glmc(folder: Path, model: CanonicalModel) -> None:
-    cfg = {"glmc_format": GLMC_FORMAT, "family": model.family.name,
-           "canonical": model.config.to_json()}
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
-    save_file({k: v.contiguous() for k, v in model.state.items()},
-              str(folder / "model.safetensors"), metadata={"format": "pt"})
-
-
-def write_hf(folder: Path, hf_config: Any, state: StateDict) -> None:
-    """A Hugging Face folder: ``config.json`` and ``model.safetensors`` (stock names)."""
-    hf_config.save_pretrained(str(folder))
-    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"),
-              metadata={"format": "pt"})
-
-
 def write_stock(folder: Path, importer: Importer, model: CanonicalModel) -> None:
-    """Write ``model`` in its stock class (raises NotRepresentable)."""
-    write_hf(folder, *importer.to_stock(model))
+    """Write ``model`` in its stock class, in its stored dtype (raises NotRepresentable)."""
+    write_hf(folder, *importer.to_stock(model), dtype=stored_dtype(model))
 
 
 def write_model(folder: Path, model: CanonicalModel, stock: bool = True,
@@ -251,7 +273,7 @@ def write_model(folder: Path, model: CanonicalModel, stock: bool = True,
     for name, text in model.files.items():
         (folder / name).write_text(text, encoding="utf-8")
     if stock and stock_state is not None:
-        write_hf(folder, *stock_state)
+        write_hf(folder, *stock_state, dtype=stored_dtype(model))
         return "hf"
     if model.family.canonical_is_stock:  # (a glmc folder is the family's own format)
         write_glmc(folder, model)
@@ -272,11 +294,17 @@ def write_model(folder: Path, model: CanonicalModel, stock: bool = True,
 def save_folder(out: str | Path, model: CanonicalModel, *, stock: bool = True,
                 report: dict | None = None, transform: Any = None,
                 stock_state: tuple[Any, StateDict] | None = None,
-                certify: Callable[[Path], dict] | None = None) -> dict:
+                certify: Callable[[Path], dict] | None = None, release: bool = False,
+                started: float | None = None) -> dict:
     """Write ``out`` atomically: the model (see :func:`write_model`, also for
     ``stock_state``), the transform when given, and ``glmc_report.json`` (``report`` plus the
-    format written, and ``certify(folder)``'s certificate of the folder as written, taken
-    before the folder takes its name: ``out`` never exists without it).
+    format written, the ``notes`` of :func:`written_notes`, ``certify(folder)``'s certificate
+    of the folder as written, and the ``seconds`` since ``started``, a ``time.perf_counter()``;
+    all before the folder takes its name: ``out`` never exists without its certificate).
+
+    ``release``: ``model`` is handed over; its tensors are dropped once written, before
+    ``certify`` reads the folder back, so that the two copies are never in memory together
+    (the caller must hold no other reference to them).
 
     Returns the report written (its ``format``: see :func:`write_model`). A failed write
     (disk full) is a GlmcError and leaves any earlier ``out`` as it was.
@@ -286,12 +314,32 @@ def save_folder(out: str | Path, model: CanonicalModel, *, stock: bool = True,
         if transform is not None:
             transform.save(tmp / TRANSFORM)
         report = {"format": fmt, **(report or {})}
+        notes = [*report.get("notes", []), *written_notes(model, tmp, fmt)]
+        if notes:
+            report["notes"] = notes
+        if release:
+            model.state = {}
+        del model
         if certify is not None:
             report["certificate"] = certify(tmp)
+        if started is not None:
+            report["seconds"] = round(time.perf_counter() - started, 3)
         write_json(tmp / REPORT, report)
     return report
 
 
-def write_json(path: Path, data: Any) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
+def written_notes(model: CanonicalModel, folder: Path, fmt: str) -> list[str]:
+    """What a user of the folder as written should know beyond its certificate: an input
+    whose stock config ties the output head to the token embedding comes back untied when
+    the stock config written does not (the exact rewrite folds the final norm's scale into
+    the head, which then differs from the embedding)."""
+    source = getattr(model.config, "source", None)
+    stock = source.get("config") if isinstance(source, dict) else None
+    if fmt != "hf" or not isinstance(stock, dict) or not stock.get("tie_word_embeddings"):
+        return []
+    if _read_json(folder / "config.json").get("tie_word_embeddings", True):
+        return []
+    return ["the output unties the embedding: the input's config ties the output head to the "
+            "token embedding (tie_word_embeddings), but glmc's exact rewrite folds the final "
+            "norm's scale into the head, so the two differ and config.json says "
+            "tie_word_embeddings: false (the same function, with the head as its own matrix)"]

@@ -54,10 +54,12 @@ def check_output(path: str | Path, need_bytes: int = 0, *, force: bool = False,
         ``path`` made absolute.
 
     Raises:
-        GlmcError: ``path`` is or holds an input; ``path`` holds something and ``force`` is
-            off; a file stands where a folder is needed; the location is not writable; or the
-            disk lacks the space.
+        GlmcError: ``path`` is empty; ``path`` is or holds an input; ``path`` holds something
+            and ``force`` is off; a file stands where a folder is needed; the location is not
+            writable; or the disk lacks the space.
     """
+    if not str(path).strip():  # (Path("") is the current folder: no output names it so)
+        raise GlmcError(f"{option}: empty path")
     p = Path(path).expanduser().absolute()
     out = p.resolve()
     for name in inputs:
@@ -75,6 +77,19 @@ def check_output(path: str | Path, need_bytes: int = 0, *, force: bool = False,
     _probe_writable(where, path)
     check_free_space(where, need_bytes, path)
     return p
+
+
+#: The figure formats a plot file's suffix may name.
+PLOT_FORMATS = ("png", "pdf", "svg")
+
+
+def check_plot_path(path: str | Path) -> str:
+    """The figure format implied by ``path``'s suffix (png, pdf or svg); GlmcError otherwise
+    (torch- and matplotlib-free: the command line checks it before loading either)."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in PLOT_FORMATS:
+        raise GlmcError(f"{path}: the plot file must end in .png (or .pdf, .svg)")
+    return suffix
 
 
 def check_free_space(where: str | Path, need_bytes: int, path: str | Path | None = None) -> None:

@@ -13,9 +13,11 @@ Nested spaces are of two kinds, both found in the spec (``SymmetrySpec.nested_in
 For every pair (A's item i, B's item j) the step finds the query heads' order (an assignment
 on their circuits, which no inner map changes), then each block space's best map given it
 (by the block group's own pair solver, registered per group type with :func:`pair_solver`),
-and what is left of the distance. The items are then assigned on what is left, and the
-chosen pairs' orders and maps become the nested spaces' elements. All of it is k × k
-arithmetic on cross-correlations and Gram matrices of the heads' factors.
+and what is left of the distance (the weighted distance weight matching reports). The items
+are then assigned on what is left, the chosen pairs' maps are refined to a minimum of their
+terms where the pair solver's answer is only exact for planted pairs (GL's balanced maps:
+:func:`pair_refiner`), and the pairs' orders and maps become the nested spaces' elements. All
+of it is k × k arithmetic on cross-correlations and Gram matrices of the heads' factors.
 """
 
 from __future__ import annotations
@@ -103,11 +105,12 @@ def head_unit(spec: Any, groups: dict[str, Group], unit: str) -> HeadUnit:
     return HeadUnit(unit, n, tuple(bundles), tau, r)
 
 
-def stacked(state: StateDict, parts: tuple[Part, ...], n: int, k: int, r: int,
-            raw: Callable[[str], float]) -> tuple[torch.Tensor, bool]:
-    """The parts' rows per item, (n, k, r, columns) in float64 and unweighted (``raw``: the
-    factor undoing a tensor's weight), and whether the r axis is the query heads' (else it
-    is 1: a part that only broadcasts folds its copies into the columns)."""
+def stacked(state: StateDict, parts: tuple[Part, ...], n: int, k: int,
+            r: int) -> tuple[torch.Tensor, bool]:
+    """The parts' rows per item, (n, k, r, columns) in float64, as weighted in the distance
+    (so that the step minimises the distance's own terms), and whether the r axis is the
+    query heads' (else it is 1: a part that only broadcasts folds its copies into the
+    columns)."""
     grouped = {p.grouped for p in parts}
     if len(grouped) > 1:
         raise GlmcError(f"tensors {', '.join(p.name for p in parts)}: the query heads' order "
@@ -115,7 +118,7 @@ def stacked(state: StateDict, parts: tuple[Part, ...], n: int, k: int, r: int,
     is_grouped = grouped.pop()
     out = []
     for p in parts:
-        t = axis_first(state[p.name], p.axis).double() * raw(p.name)
+        t = axis_first(state[p.name], p.axis).double()
         x = t.view(n, p.r, k, -1).permute(0, 2, 1, 3)  # (n, k, r_p, columns)
         if is_grouped:
             if p.r != r:
@@ -291,6 +294,78 @@ def best_scalars(px: torch.Tensor, py: torch.Tensor, xb: torch.Tensor, yb: torch
     return torch.polar(s, theta)
 
 
+# -- refining the chosen pairs' maps -------------------------------------------------------------
+
+Refiner = Callable[[Any, torch.Tensor, PairStats], torch.Tensor]
+#: Block group type -> ``fn(group, maps, stats) -> maps``: the chosen pairs' maps (n, k, k)
+#: moved to a minimum of their distance (stats of those pairs, (n, 1, k, k) crosses), where
+#: the pair solver's answer is exact only for a planted pair (the balanced maps of GL).
+PAIR_REFINERS: dict[type[Group], Refiner] = {}
+
+
+def pair_terms(m: torch.Tensor, st: PairStats) -> torch.Tensor:
+    """‖X_a − M X_b‖² + ‖Y_a − M⁻ᵀ Y_b‖² less its constant, per chosen pair (n,), for maps
+    ``m`` (n, k, k) and the pairs' statistics (crosses (n, 1, k, k))."""
+    n_it = torch.linalg.inv(m).mT
+    return (-2 * (m * st.cx[:, 0]).sum((1, 2)) + ((m.mT @ m) * st.gxb).sum((1, 2))
+            - 2 * (n_it * st.cy[:, 0]).sum((1, 2)) + ((n_it.mT @ n_it) * st.gyb).sum((1, 2)))
+
+
+def refine_invertible(maps: torch.Tensor, st: PairStats, iters: int = 25) -> torch.Tensor:
+    """M minimising ‖X_a − M X_b‖² + ‖Y_a − M⁻ᵀ Y_b‖² per pair, from ``maps`` (n, k, k), by
+    L-BFGS on M = M₀(I + W) (k × k arithmetic on the pairs' statistics); never worse than
+    the start."""
+    m0 = maps.double()
+    w = torch.zeros_like(m0, requires_grad=True)
+
+    def objective() -> torch.Tensor:
+        return pair_terms(m0 + m0 @ w, st).sum()
+
+    with torch.no_grad():
+        start = float(objective())
+    opt = torch.optim.LBFGS([w], lr=1.0, max_iter=iters, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = objective()
+        loss.backward()
+        return loss
+
+    try:
+        opt.step(closure)
+    except (RuntimeError, torch.linalg.LinAlgError):  # (a singular trial point: the start)
+        return maps
+    with torch.no_grad():
+        if not float(objective()) <= start:
+            return maps
+        return (m0 + m0 @ w).to(maps.dtype)
+
+
+def pair_refiner(kind: type[Group]) -> Callable[[Refiner], Refiner]:
+    """Register the refinement of the chosen pairs' maps for block groups of type ``kind``."""
+    def register(fn: Refiner) -> Refiner:
+        PAIR_REFINERS[kind] = fn
+        return fn
+    return register
+
+
+@pair_refiner(BlockInvertibleGroup)
+def _refine_gl(group: Any, maps: torch.Tensor, st: PairStats) -> torch.Tensor:
+    return refine_invertible(maps, st)
+
+
+@pair_refiner(RotaryGroup)
+def _refine_rotary(group: Any, maps: torch.Tensor, st: PairStats) -> torch.Tensor:
+    """The scalars on the frequency pairs are exact already; the invertible map on the other
+    coordinates (partial rotary) is refined."""
+    rot, k = group.rotary, group.k
+    if group.orthogonal or rot == k:
+        return maps
+    rest = slice(rot, k)
+    out = maps.clone()
+    out[:, rest, rest] = refine_invertible(maps[:, rest, rest], st.sub(rest))
+    return out
+
 # -- the step ----------------------------------------------------------------------------------
 
 
@@ -302,6 +377,7 @@ class HeadCosts:
     order: torch.Tensor | None
     maps: dict[str, torch.Tensor]
     dist: torch.Tensor
+    stats: dict[str, PairStats]  # (the refinement of the chosen pairs reads them)
 
 
 def _order(prob: Any, hu: HeadUnit, sides: dict[str, tuple]) -> torch.Tensor | None:
@@ -339,16 +415,16 @@ def head_costs(prob: Any, hu: HeadUnit, bt: StateDict) -> HeadCosts:
     sides, grams = {}, {}
     for bd in hu.bundles:
         k = prob.groups[bd.space].k
-        xa, gx = stacked(prob.A, bd.xs, hu.n, k, hu.r, prob.raw)
-        xb, _ = stacked(bt, bd.xs, hu.n, k, hu.r, prob.raw)
-        ya, gy = stacked(prob.A, bd.ys, hu.n, k, hu.r, prob.raw)
-        yb, _ = stacked(bt, bd.ys, hu.n, k, hu.r, prob.raw)
+        xa, gx = stacked(prob.A, bd.xs, hu.n, k, hu.r)
+        xb, _ = stacked(bt, bd.xs, hu.n, k, hu.r)
+        ya, gy = stacked(prob.A, bd.ys, hu.n, k, hu.r)
+        yb, _ = stacked(bt, bd.ys, hu.n, k, hu.r)
         sx = torch.einsum("ikrc,jlsc->ijrskl", xa, xb)
         sy = torch.einsum("ikrc,jlsc->ijrskl", ya, yb)
         sides[bd.space] = (sx, sy, gx, gy)
         grams[bd.space] = tuple(torch.einsum("ikrc,ilrc->ikl", t, t) for t in (xa, ya, xb, yb))
     order = _order(prob, hu, sides)
-    maps, total = {}, torch.zeros(hu.n, hu.n, dtype=torch.float64)
+    maps, stats, total = {}, {}, torch.zeros(hu.n, hu.n, dtype=torch.float64)
     for bd in hu.bundles:
         sx, sy, gx, gy = sides[bd.space]
         gxa, gya, gxb, gyb = grams[bd.space]
@@ -356,9 +432,9 @@ def head_costs(prob: Any, hu: HeadUnit, bt: StateDict) -> HeadCosts:
         group = prob.groups[bd.space]
         balance = prob.balance(bd.space, st) if isinstance(group, BlockInvertibleGroup) else None
         m, m_it = PAIR_SOLVERS[type(group)](group, st, balance)
-        maps[bd.space] = m
+        maps[bd.space], stats[bd.space] = m, st
         total += st.residual(m, m_it)
-    return HeadCosts(order, maps, total)
+    return HeadCosts(order, maps, total, stats)
 
 
 @dataclass
@@ -383,7 +459,19 @@ def propose_heads(prob: Any, unit: str, el: dict[str, Element], bt: StateDict) -
         j = torch.arange(sigma.numel())
         for name, maps in costs.maps.items():
             group = prob.groups[name]
-            out[name] = BlockMatrix(maps[inv, j].to(prob.dtype).contiguous(),
+            chosen = maps[inv, j]
+            refine = PAIR_REFINERS.get(type(group))
+            if refine is not None:  # (the distance's own minimum for the chosen pairs)
+                st = costs.stats[name]
+                pairs = PairStats(st.cx[inv, j][:, None], st.cy[inv, j][:, None], st.gxa[inv],
+                                  st.gya[inv], st.gxb, st.gyb)
+                current = el.get(name)
+                if isinstance(current, BlockMatrix):  # (start from whichever is lower)
+                    now = current.blocks.double()
+                    better = pair_terms(now, pairs) < pair_terms(chosen, pairs)
+                    chosen = torch.where(better[:, None, None], now, chosen)
+                chosen = refine(group, chosen, pairs)
+            out[name] = BlockMatrix(chosen.to(prob.dtype).contiguous(),
                                     orthogonal=group.isometric)
         if hu.grouped is not None:
             r = hu.r

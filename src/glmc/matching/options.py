@@ -99,7 +99,7 @@ class LearnedMatchingOptions:
     seed: int = 0
     dtype: str = "float32"  # of the models on the path ("float64": for exact comparisons)
     checkpoint: str | None = None  # file for the latents, written atomically
-    checkpoint_every: int = 0
+    checkpoint_every: int = 50  # (with a checkpoint file: every this many steps, and at the end)
     resume: bool = False
 
     def __post_init__(self) -> None:

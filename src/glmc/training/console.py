@@ -1,5 +1,5 @@
 """What a run shows and hears on the terminal: notices, its progress bar, transformers' own bars,
-and Ctrl-C held until the step under way completes."""
+and Ctrl-C: the first held until the step under way completes, a second one obeyed at once."""
 
 from __future__ import annotations
 
@@ -74,12 +74,20 @@ def hf_progress_bars(enabled: bool) -> Iterator[None]:
         (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
 
 
+class SecondInterrupt(KeyboardInterrupt):
+    """A Ctrl-C after the first: the run stops at once (no further checkpoint)."""
+
+
 class HeldInterrupt(contextlib.AbstractContextManager):
-    """Hold a Ctrl-C (SIGINT) until the step under way completes (``requested``); a second
-    one interrupts at once. Only in the main thread, and only over Python's default handler."""
+    """Ctrl-C (SIGINT) during a run. The first is held while :meth:`held` (the step under way
+    completes; ``requested`` says one came) and interrupts at once elsewhere (KeyboardInterrupt);
+    any later one raises :class:`SecondInterrupt` at once, wherever the run is (the checkpoint
+    of the step it stopped after included). Only in the main thread, and only over Python's
+    default handler."""
 
     def __init__(self) -> None:
         self.requested = False
+        self.holding = False
         self._previous: Any = None
 
     def __enter__(self) -> HeldInterrupt:
@@ -88,10 +96,21 @@ class HeldInterrupt(contextlib.AbstractContextManager):
             self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold a first Ctrl-C inside (until the caller checks ``requested``)."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested:
-            raise KeyboardInterrupt
+            raise SecondInterrupt
         self.requested = True
+        if not self.holding:
+            raise KeyboardInterrupt
 
     def __exit__(self, *exc: object) -> None:
         if self._previous is not None:

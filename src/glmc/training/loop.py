@@ -26,18 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glmc.data import DATASETS, Dataset, TextDataset, save_tokenizer
+from glmc.data import Dataset, TextDataset, save_tokenizer
 from glmc.errors import GlmcError
 from glmc.families.base import Arch
 from glmc.io.atomic import atomic_dir, atomic_path
 from glmc.io.folders import TRAIN_FILE
-from glmc.io.outputs import (
-    BYTES_PER_PARAM,
-    check_free_space,
-    check_output,
-    model_bytes,
-    output_errors,
-)
+from glmc.io.outputs import BYTES_PER_PARAM, check_free_space, model_bytes, output_errors
 from glmc.training.batches import BatchStream, evaluate
 from glmc.training.checkpoint import (
     checkpoint_path,
@@ -47,8 +41,15 @@ from glmc.training.checkpoint import (
     save_checkpoint,
 )
 from glmc.training.config import TrainConfig, data_summary, load_training_data, model_config
-from glmc.training.console import HeldInterrupt, ProgressBar, hf_progress_bars, notice
+from glmc.training.console import (
+    HeldInterrupt,
+    ProgressBar,
+    SecondInterrupt,
+    hf_progress_bars,
+    notice,
+)
 from glmc.training.optim import lr_factor, make_optimizer
+from glmc.training.options import check_train_output
 from glmc.training.record import check_resumable, finished_record, training_record
 
 __all__ = ["TRAIN_FILE", "TrainingStopped", "evaluate", "lr_factor", "train"]
@@ -115,7 +116,7 @@ def train(
         return done
     if not (resume or force):
         _refuse_to_discard_checkpoint(out)
-    _check_output(out, cfg, force)
+    check_train_output(out, cfg, force)
     device = _device(cfg)
     with _num_threads(cfg.num_threads), _forked_rng(device):
         return _run(cfg, out, device, resume, progress, on_step, stop_after)
@@ -135,21 +136,24 @@ def _run(
     if state is not None:
         run.restore(state)
         notice(f"resuming {out} from step {run.step}")
-    try:
-        _step_to_the_end(run, progress, on_step, stop_after)
-        record = run.finish(out)
-    except KeyboardInterrupt:
-        raise run.stopped() from None
+    with HeldInterrupt() as sig:
+        try:
+            _step_to_the_end(run, sig, progress, on_step, stop_after)
+            record = run.finish(out)
+        except SecondInterrupt:  # (at once: the last checkpoint stands)
+            raise run.stopped(save=False) from None
+        except KeyboardInterrupt:
+            raise run.stopped() from None
     remove_checkpoint(out)
     return record
 
 
-def _step_to_the_end(run: _Session, progress: bool, on_step: StepCallback | None,
-                     stop_after: int | None) -> None:
+def _step_to_the_end(run: _Session, sig: HeldInterrupt, progress: bool,
+                     on_step: StepCallback | None, stop_after: int | None) -> None:
     """Advance ``run`` to its last step under a progress bar; a held Ctrl-C, or ``stop_after``,
     raises KeyboardInterrupt between two steps."""
     steps = run.cfg.steps
-    with ProgressBar(progress, steps, run.step, run.log) as bar, HeldInterrupt() as sig:
+    with ProgressBar(progress, steps, run.step, run.log) as bar, sig.held():
         while run.step < steps:
             loss = run.advance()
             bar.update(run.step, loss, run.log)
@@ -181,12 +185,6 @@ def _refuse_to_discard_checkpoint(out: Path) -> None:
         raise GlmcError(f"there is a checkpoint at step {'?' if step is None else step} at "
                         f"{ckpt}; pass --resume to continue it, or --force to start over and "
                         "discard it")
-
-
-def _check_output(out: Path, cfg: TrainConfig, force: bool) -> None:
-    """``out`` can take the model folder (a non-empty one needs ``force``) and is not the data."""
-    named = cfg.data.lower() in DATASETS  # (a name, not a path, even where a file has it)
-    check_output(out, force=force, inputs=() if named else (cfg.data,))
 
 
 def _device(cfg: TrainConfig) -> torch.device:
@@ -375,23 +373,26 @@ class _Session:
             with atomic_path(tmp / TRAIN_FILE) as f:
                 f.write_text(json.dumps(record, indent=2) + "\n")
 
-    def stopped(self) -> TrainingStopped:
-        """The run stops: checkpoint the last completed step (unless the interrupt came in
-        the middle of one, or it is saved already) and say which step the checkpoint holds."""
-        if not self.in_step and self.saved != self.step:
-            self.checkpoint()
+    def stopped(self, save: bool = True) -> TrainingStopped:
+        """The run stops: with ``save``, checkpoint the last completed step (unless the
+        interrupt came in the middle of one, or it is saved already; a second Ctrl-C stops
+        that write at once) and say which step the checkpoint holds."""
+        if save and not self.in_step and self.saved != self.step:
+            with contextlib.suppress(SecondInterrupt):  # (the previous checkpoint stands)
+                self.checkpoint()
         file = None if self.saved is None else self.ckpt_file
         return TrainingStopped(f"interrupted {self._where_stopped()}", self.saved, file)
 
     def _where_stopped(self) -> str:
         """Where the run stopped, and what the checkpoint holds."""
         total, file = self.cfg.steps, self.ckpt_file
-        if self.saved is None:
-            return f"during step {self.step + 1} of {total}; no checkpoint was written"
-        if self.saved == self.step:
+        if self.saved == self.step and not self.in_step:
             return f"after step {self.step} of {total}; checkpoint at {file}"
-        return (f"during step {self.step + 1} of {total}; the checkpoint at {file} holds step "
-                f"{self.saved}")
+        where = (f"during step {self.step + 1} of {total}" if self.in_step else
+                 f"after step {self.step} of {total}, before its checkpoint")
+        if self.saved is None:
+            return f"{where}; no checkpoint was written"
+        return f"{where}; the checkpoint at {file} holds step {self.saved}"
 
 
 def _new_log() -> dict[str, Any]:

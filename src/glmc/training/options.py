@@ -9,14 +9,15 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from glmc.errors import GlmcError
+from glmc.families import ARCHS as _DECLARED_ARCHS
 
-#: The names of the architectures ``glmc train`` trains, kept here so that the command line
-#: needs no torch; each is registered by its family (``glmc.families.ARCHS``, which a test
-#: holds equal to this).
-ARCHS: tuple[str, ...] = ("gpt2", "vit", "mlp", "vgg11", "vgg16", "resnet20")
+#: The names of the architectures ``glmc train`` trains: those the families declare
+#: (``glmc.families.ARCHS``, torch-free).
+ARCHS: tuple[str, ...] = tuple(_DECLARED_ARCHS)
 
 # Fields that change neither the weights nor the log's contents: a run may be resumed with other
 # values (more threads, another checkpoint interval).
@@ -171,3 +172,13 @@ class TrainConfig:
             raise GlmcError(f"warmup {self.warmup_steps} exceeds steps {self.steps}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise GlmcError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+
+
+def check_train_output(out: str | Path, cfg: TrainConfig, force: bool) -> None:
+    """``out`` can take the model folder (a non-empty one needs ``force``) and is not the
+    data (torch-free: the command line checks it before loading torch)."""
+    from glmc.data.catalog import DATASETS
+    from glmc.io.outputs import check_output
+
+    named = cfg.data.lower() in DATASETS  # (a name, not a path, even where a file has it)
+    check_output(out, force=force, inputs=() if named else (cfg.data,))

@@ -16,6 +16,7 @@ from torch import nn
 from glmc.families.base import Arch
 from glmc.families.convnet.config import ConvNetConfig
 from glmc.families.convnet.modules import build
+from glmc.io.files import write_glmc
 from glmc.model import CanonicalModel
 
 if TYPE_CHECKING:
@@ -51,7 +52,6 @@ class ConvNetArch(Arch):
         return model(x)
 
     def save(self, model: nn.Module, config: ConvNetConfig, folder: Any) -> None:
-        from glmc.io.folders import write_glmc  # late: io imports the families
 
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         write_glmc(Path(folder), CanonicalModel(config, state))

@@ -29,6 +29,10 @@ declare_arch("gpt2", task="causal_lm", help="GPT2LMHeadModel on text",
              impl=f"{_HERE}.train:GPT2Arch")
 declare_arch("vit", task="image_classifier", help="ViTForImageClassification on images",
              impl=f"{_HERE}.train:ViTArch")
+declare_arch("llama", task="causal_lm", help="LlamaForCausalLM (grouped-query attention, "
+             "SwiGLU, rotary) on text", impl=f"{_HERE}.train:LlamaArch")
+declare_arch("gpt-neox", task="causal_lm", help="GPTNeoXForCausalLM as in Pythia (partial "
+             "rotary, parallel residual) on text", impl=f"{_HERE}.train:GPTNeoXArch")
 
 # The family's code, loaded on first use (it imports torch).
 _EXPORTS = {

@@ -4,8 +4,9 @@ Stock layout: ``gpt_neox.embed_in``, ``gpt_neox.layers.N.attention.query_key_val
 and v fused per head: the rows of head h are its q, then k, then v, ``head_size`` each),
 ``attention.dense``, ``mlp.dense_h_to_4h`` / ``dense_4h_to_h``, LayerNorms with bias
 (``input_layernorm``, ``post_attention_layernorm``, ``final_layer_norm``) and an untied head
-(``lm_head`` in transformers 5; ``embed_out`` in checkpoints saved in the original names). Rotary positions on the first ``partial_rotary_factor`` of each head (Pythia:
-a quarter), and in Pythia a parallel residual: ``x + attn(ln1(x)) + mlp(ln2(x))``.
+(``lm_head`` in transformers 5; ``embed_out`` in checkpoints saved in the original names).
+Rotary positions on the first ``partial_rotary_factor`` of each head (Pythia: a quarter), and
+in Pythia a parallel residual: ``x + attn(ln1(x)) + mlp(ln2(x))``.
 
 Canonical form as for GPT-2: every residual writer centred, each LayerNorm's γ and β folded
 into the readers after it (q, k, v and the MLP's first layer), the final one's into the head

@@ -178,12 +178,13 @@ class Rotary(nn.Module):
     def __init__(self, cfg: CanonicalConfig) -> None:
         super().__init__()
         self.dim, self.scaling = cfg.rotary_dim, cfg.rotary_scaling
-        # (a plain attribute, not a buffer: modules built on the meta device keep it)
-        self.inv_freq = torch.tensor(cfg.inv_freq, dtype=torch.float32)
+        # (numbers, not a buffer: a module built on the meta device and filled later keeps
+        # them)
+        self.inv_freq = list(cfg.inv_freq)
 
     def forward(self, t: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (T, rotary_dim) for positions 0..t-1, in x's dtype and on its device."""
-        inv = self.inv_freq.to(x.device)
+        inv = torch.tensor(self.inv_freq, dtype=torch.float32, device=x.device)
         pos = torch.arange(t, device=x.device, dtype=torch.float32)
         freqs = pos[:, None] * inv[None]
         emb = torch.cat((freqs, freqs), dim=-1)

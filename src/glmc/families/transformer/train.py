@@ -1,7 +1,8 @@
-"""The stock transformers ``glmc train`` trains: GPT-2 on text, ViT on images.
+"""The stock transformers ``glmc train`` trains: GPT-2, Llama and GPT-NeoX on text, ViT on
+images.
 
-Both are the transformers classes, built by the importers' ``stock_model`` (the modules
-``glmc align`` and ``verify`` load) and saved as Hugging Face folders the importers read.
+Each is the transformers class, built by the importers' ``stock_model`` (the modules
+``glmc align`` and ``verify`` load) and saved as a Hugging Face folder the importers read.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import GPT2Config, ViTConfig
+from transformers import GPT2Config, GPTNeoXConfig, LlamaConfig, ViTConfig
 
 from glmc.data import Dataset
 from glmc.families.base import Arch
@@ -89,3 +90,60 @@ class ViTArch(_StockArch):
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return model(pixel_values=x).logits
 
+
+class _DecoderArch(_StockArch):
+    """A rotary decoder on text: the vocabulary from the data, ``max_position_embeddings =
+    context``, untied embeddings, no dropout (transformers' decoders have no dropout on the
+    stream)."""
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=x, use_cache=False).logits
+
+
+class LlamaArch(_DecoderArch):
+    """LlamaForCausalLM: grouped-query attention (``--n-kv-head``; by default one key/value
+    head per 2 query heads), SwiGLU MLP of ``--n-inner`` units (unset: 8/3·d rounded up to a
+    multiple of 8), RMSNorm, rotary positions on whole heads."""
+
+    config_class = LlamaConfig
+
+    def describe(self, cfg: Any) -> str:
+        return (f"{self.name}: {cfg.n_layer} layers, d={cfg.n_embd}, {cfg.n_head} query / "
+                f"{kv_heads(cfg)} key-value heads, SwiGLU {llama_width(cfg)}")
+
+    def model_config(self, cfg: Any, ds: Dataset) -> LlamaConfig:
+        return LlamaConfig(
+            vocab_size=ds.vocab_size, hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer,
+            num_attention_heads=cfg.n_head, num_key_value_heads=kv_heads(cfg),
+            intermediate_size=llama_width(cfg), max_position_embeddings=cfg.context,
+            hidden_act="silu", tie_word_embeddings=False, attention_dropout=cfg.dropout,
+            bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        )
+
+
+class GPTNeoXArch(_DecoderArch):
+    """GPTNeoXForCausalLM as in Pythia: rotary positions on a quarter of each head, parallel
+    attention and MLP, LayerNorms with bias, GELU MLP of ``--n-inner`` units (unset: 4·d)."""
+
+    config_class = GPTNeoXConfig
+
+    def model_config(self, cfg: Any, ds: Dataset) -> GPTNeoXConfig:
+        return GPTNeoXConfig(
+            vocab_size=ds.vocab_size, hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer,
+            num_attention_heads=cfg.n_head, intermediate_size=cfg.mlp_width,
+            max_position_embeddings=cfg.context, hidden_act="gelu",
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.25},
+            use_parallel_residual=True, tie_word_embeddings=False, attention_dropout=cfg.dropout,
+            hidden_dropout=cfg.dropout, bos_token_id=None, eos_token_id=None,
+        )
+
+
+def kv_heads(cfg: Any) -> int:
+    """The key/value heads of a Llama run: ``--n-kv-head``, else one per two query heads."""
+    chosen = getattr(cfg, "n_kv_head", None)
+    return chosen if chosen else max(1, cfg.n_head // 2)
+
+
+def llama_width(cfg: Any) -> int:
+    return cfg.n_inner if cfg.n_inner is not None else -(-8 * cfg.n_embd // 3 // 8) * 8
