@@ -109,7 +109,7 @@ def _digest(cfg: TrainConfig) -> str:
         d.pop(k, None)
     # (options added with the convnets count only when set: earlier caches keep their names)
     for f in dataclasses.fields(TrainConfig):
-        if f.name in ("width", "norm", "base") and d[f.name] == f.default:
+        if f.name in ("width", "norm", "base", "n_kv_head") and d[f.name] == f.default:
             d.pop(f.name)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from glmc.cli.common import add_json, add_out, emit_json
 from glmc.cli.main import add_command
 from glmc.data.catalog import DATASETS, PATH_HELP
+from glmc.families.convnet import NORMS
 from glmc.training.options import ARCHS, TrainConfig, check_train_output
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -49,14 +50,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--n-embd", type=int, default=d["n_embd"], help="residual width d")
     g.add_argument("--n-head", type=int, default=d["n_head"], help="attention heads")
     g.add_argument("--n-inner", "--mlp", type=int, default=d["n_inner"], dest="n_inner",
-                   help="MLP hidden width; unset: 4 x n-embd")
+                   help="MLP hidden width; unset: 4 x n-embd (llama: 8/3 x n-embd)")
+    g.add_argument("--n-kv-head", type=int, default=d["n_kv_head"],
+                   help="llama: key/value heads (grouped-query attention; must divide "
+                   "--n-head); unset: one per two query heads")
     g.add_argument("--context", type=int, default=d["context"],
-                   help="GPT-2 window length (= n_positions)")
+                   help="text models' window length (their n_positions)")
     g.add_argument("--patch-size", type=int, default=d["patch_size"],
                    help="ViT patch side; must divide the image side")
     g.add_argument("--width", type=int, default=d["width"],
                    help="mlp, vgg, resnet20: multiplier of every hidden width")
-    g.add_argument("--norm", choices=("batch", "layer", "none"), default=d["norm"],
+    g.add_argument("--norm", choices=NORMS, default=d["norm"],
                    help="vgg, resnet20: BatchNorm, LayerNorm over channels, or none")
     g.add_argument("--base", type=int, default=d["base"],
                    help="mlp, vgg, resnet20: first-stage width before --width (unset: the "

@@ -39,6 +39,7 @@ from glmc.matching.parametrize import PermutationLatent, make_latent, project_al
 from glmc.matching.problem import Problem, effective_groups, head_tensors, stream_space
 from glmc.matching.weight import inner_maps
 from glmc.model import CanonicalModel
+from glmc.schedule import lr_factor
 from glmc.symmetry.groups import BlockMatrix, Element, Matrix, Permutation
 from glmc.symmetry.transform import Transform, apply_axes
 from glmc.tensors import StateDict
@@ -248,13 +249,9 @@ def _lambda_sampler(spec: str) -> Callable[[torch.Generator], float]:
 
 
 def _schedule(opts: LearnedMatchingOptions) -> Callable[[int], float]:
-    """Linear warm-up, then cosine decay towards 0 over the remaining steps."""
-    def factor(step: int) -> float:
-        if step < opts.warmup:
-            return (step + 1) / opts.warmup
-        t = (step - opts.warmup) / max(1, opts.steps - opts.warmup)
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
-    return factor
+    """Linear warm-up, then cosine decay towards 0 over the remaining steps (the training
+    loop's schedule)."""
+    return lambda step: lr_factor(step, opts.warmup, opts.steps)
 
 
 @dataclass

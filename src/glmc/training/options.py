@@ -14,6 +14,7 @@ from typing import Any
 
 from glmc.errors import GlmcError
 from glmc.families import ARCHS as _DECLARED_ARCHS
+from glmc.families.convnet import NORMS
 
 #: The names of the architectures ``glmc train`` trains: those the families declare
 #: (``glmc.families.ARCHS``, torch-free).
@@ -43,7 +44,9 @@ class TrainConfig:
         data_seed: the train/val/test split of image datasets (text splits are contiguous). Keep
             it fixed across models that will be compared, so they share their test set.
         n_layer, n_embd, n_head: depth, residual width ``d``, attention heads (must divide ``d``).
-        n_inner: MLP hidden width; ``None`` means ``4 * n_embd``.
+        n_inner: MLP hidden width; ``None`` means ``4 * n_embd`` (Llama: 8/3 of it).
+        n_kv_head: Llama's key/value heads (grouped-query attention; must divide ``n_head``);
+            ``None``: one per two query heads.
         context: GPT-2 window length ``T`` (also its ``n_positions``); ignored for ViT.
         patch_size: ViT patch side; must divide the image side. Ignored for GPT-2.
         width: channel (or unit) multiplier of the convnets (mlp, vgg, resnet20).
@@ -74,6 +77,7 @@ class TrainConfig:
     n_embd: int = 64
     n_head: int = 4
     n_inner: int | None = None
+    n_kv_head: int | None = None
     context: int = 64
     patch_size: int = 4
     width: int = 1
@@ -141,11 +145,13 @@ class TrainConfig:
         }
         if self.n_inner is not None:
             positive["n_inner"] = self.n_inner
+        if self.n_kv_head is not None:
+            positive["n_kv_head"] = self.n_kv_head
         positive["width"] = self.width
         if self.base is not None:
             positive["base"] = self.base
-        if self.norm not in ("batch", "layer", "none"):
-            raise GlmcError(f"norm must be batch, layer or none, got {self.norm!r}")
+        if self.norm not in NORMS:
+            raise GlmcError(f"norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
         if self.threads is not None:
             positive["threads"] = self.threads
         for name, value in positive.items():
@@ -164,6 +170,9 @@ class TrainConfig:
                 f"n_head {self.n_head} does not divide n_embd {self.n_embd} (head width must be "
                 "an integer)"
             )
+        if self.n_kv_head is not None and self.n_head % self.n_kv_head:
+            raise GlmcError(f"n_kv_head {self.n_kv_head} does not divide n_head {self.n_head} "
+                            "(each key/value head serves a whole group of query heads)")
         if not self.lr > 0:
             raise GlmcError(f"lr must be positive, got {self.lr}")
         if not 0 <= self.dropout < 1:
