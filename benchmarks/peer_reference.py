@@ -3,10 +3,11 @@
 The peer (github.com/antoniohonsell/Generalized-LMC-for-Transformers) runs from its own
 checkout in its own venv with its pinned transformers 4.50.1; ``peer_side.py`` drives it. glmc
 writes its exact test windows to a file, the peer evaluates its merged model on them at every
-λ, and both barriers are computed by the same function here. Set-up, once::
+λ, and both barriers are computed by the same function here. Set-up, once (the peer's commit measured here: 8c6f323)::
 
     git clone https://github.com/antoniohonsell/Generalized-LMC-for-Transformers peer/src
     python -m venv peer/venv
+    peer/venv/bin/pip install torch==2.13.0
     peer/venv/bin/pip install torch==2.13.0 transformers==4.50.1 einops POT scipy safetensors
 
 Then::
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import HERE, RESULTS, machine, read_json, write_json
+from _common import HERE, RESULTS, machine, provenance, read_json, write_json
 from quality import folders, suite
 from safetensors.torch import save_file
 
@@ -92,12 +93,14 @@ def main(argv: list[str] | None = None) -> int:
                            args.threads)
         peer_seconds = time.perf_counter() - t0
         ours = run_barrier(str(a), str(b), pair.train.data, methods=GLMC_METHODS)
+        run = provenance(peer_versions=peer["versions"])
         row: dict = {"title": pair.title, "tokens": int(y.numel()), "peer": {}, "glmc": {},
-                     "peer_versions": peer["versions"], "peer_seconds": round(peer_seconds, 1)}
+                     "peer_versions": peer["versions"], "peer_seconds": round(peer_seconds, 1),
+                     "run": run}
         for name, r in peer["methods"].items():
             row["peer"][name] = {"loss_barrier": barrier(lambdas, r["losses"]),
                                  "losses": r["losses"],
-                                 "align_seconds": round(r["align_seconds"], 2)}
+                                 "align_seconds": round(r["align_seconds"], 2), **run}
         for name, m in ours.methods.items():
             row["glmc"][name] = {"loss_barrier": m.loss_barrier, "losses": m.losses,
                                  "align_seconds": round(m.align_seconds, 2)}
@@ -105,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = row["glmc"]["none"]["losses"]
         row["endpoints_agree"] = all(abs(l0 - ref[0]) < 5e-4 and abs(l1 - ref[-1]) < 5e-4
                                      for l0, l1 in ends)
-        old = results["pairs"].get(pair.key, {})
-        row["peer"] = old.get("peer", {}) | row["peer"]  # (methods not rerun are kept)
-        results["pairs"][pair.key] = row
+        results["pairs"][pair.key] = row  # (one run's rows: never mixed with an earlier's)
         print(f"{pair.key}: " + ", ".join(
             f"peer {k} {v['loss_barrier']:.3f}" for k, v in row["peer"].items()) + "; " +
             ", ".join(f"glmc {k} {v['loss_barrier']:.3f}" for k, v in row["glmc"].items()) +

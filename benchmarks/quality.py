@@ -12,8 +12,10 @@ time the alignment took. The paper's public code, run side by side on the same G
     python benchmarks/quality.py --pairs gpt2-2l --methods none weight
     python benchmarks/quality.py --table                 # only rewrite the README table
 
-Writes benchmarks/results/quality.json (pairs merge into it) and the table in
-benchmarks/README.md.
+Writes benchmarks/results/quality.json and the table in benchmarks/README.md. A pair's
+methods are measured together, in one run of the current code, and every row records that run
+(commit, date, machine, threads); rerunning some pairs replaces those pairs' rows (never some
+of a pair's methods only), and the table says which run each column comes from.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import RESULTS, machine, read_json, replace_section, write_json
+from _common import RESULTS, machine, provenance, read_json, replace_section, write_json
 
 from glmc.demo import model_folder, train_models
 from glmc.demo import pairs as demo_pairs
@@ -130,16 +132,22 @@ def measure(pair: Pair, cache: Path, methods: list[str]) -> dict:
                 rep = run_barrier(str(a), str(b), pair.train.data, methods=[method],
                                   options=AlignOptions(heads="circuit"), progress=progress)
                 measured[name] = rep.methods[method]
+    run = provenance()
     row: dict = {"title": pair.title, "data": pair.train.data, "models": [str(a), str(b)],
                  "train": dataclasses.asdict(pair.train), "eval_count": report.count,
-                 "seconds": round(time.perf_counter() - t0, 1), "methods": {}}
+                 "seconds": round(time.perf_counter() - t0, 1), "run": run, "methods": {}}
     for name, m in measured.items():
         row["methods"][name] = {
             "loss_barrier": m.loss_barrier, "acc_barrier": m.acc_barrier,
             "loss_a": m.loss_a, "loss_b": m.loss_b, "acc_a": m.acc_a, "acc_b": m.acc_b,
             "align_seconds": round(m.align_seconds, 2),
-            "eval_seconds": round(m.eval_seconds, 2)}
+            "eval_seconds": round(m.eval_seconds, 2), **run}
     return row
+
+
+def _run_line(label: str, run: dict) -> str:
+    return (f"{label}: commit {run['commit']}{' with changes' if run.get('dirty') else ''}, "
+            f"{run['date']} UTC, {run['machine']}, {run['threads']} thread(s)")
 
 
 def _cell(x: float | None, ratio: float | None = None) -> str:
@@ -168,7 +176,8 @@ def table(results: dict, peer: dict) -> str:
                 r = results["pairs"][k]["methods"].get(m)
             else:
                 r = peer.get("pairs", {}).get(k, {}).get("peer", {}).get(m)
-            ratio = r["loss_barrier"] / none if r and none else None  # (from the current none)
+            # (the peer's own vanilla average is glmc's "none" on the same pair and windows)
+            ratio = r["loss_barrier"] / none if r and none else None
             cells.append(_cell(r["loss_barrier"], ratio) if r else "–")
         if any(c != "–" for c in cells):
             lines.append(f"| {TITLES.get(m, titles.get(m, m))} | " + " | ".join(cells) + " |")
@@ -193,6 +202,19 @@ def table(results: dict, peer: dict) -> str:
         lines.append(f"- `{k}`: {p['title']}; test loss A / B {w['loss_a']:.3f} / "
                      f"{w['loss_b']:.3f}{acc}; {p['eval_count']:,} test "
                      f"{'images' if acc else 'tokens'}.")
+    runs = {k: results["pairs"][k].get("run") for k in keys}
+    lines.append("")
+    if runs and all(r is not None for r in runs.values()) and len(
+            {(r["commit"], r["date"][:10]) for r in runs.values()}) == 1:
+        lines.append(_run_line("One run of every column", next(iter(runs.values()))) + ".")
+    else:
+        lines += [f"- {_run_line(f'`{k}`', r)}" if r else f"- `{k}`: run not recorded"
+                  for k, r in runs.items()]
+    peer_runs = {(r.get("commit"), r.get("date")) for pr in peer.get("pairs", {}).values()
+                 for r in pr.get("peer", {}).values() if isinstance(r, dict)}
+    if peer.get("pairs"):
+        lines.append("The paper's code's rows: " + "; ".join(
+            f"run of glmc commit {c}, {d} UTC" for c, d in sorted(peer_runs, key=str)) + ".")
     return "\n".join(lines)
 
 
@@ -224,9 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             methods = [m for m in (args.methods or pair.methods)]
             row = measure(pair, Path(args.cache), methods)
             results = read_json(OUT) or {"pairs": {}}  # (another run may have written it)
-            old = results["pairs"].get(pair.key, {}).get("methods", {})
-            row["methods"] = old | row["methods"]  # (methods not rerun are kept)
-            results["pairs"][pair.key] = row
+            results["pairs"][pair.key] = row  # (a pair's rows are one run's, never mixed)
             results["machine"] = machine()
             write_json(OUT, results)
             print(f"{pair.key}: " + ", ".join(
