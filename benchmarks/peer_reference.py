@@ -3,7 +3,8 @@
 The peer (github.com/antoniohonsell/Generalized-LMC-for-Transformers) runs from its own
 checkout in its own venv with its pinned transformers 4.50.1; ``peer_side.py`` drives it. glmc
 writes its exact test windows to a file, the peer evaluates its merged model on them at every
-λ, and both barriers are computed by the same function here. Set-up, once (the peer's commit measured here: 8c6f323)::
+λ, and both barriers are computed by the same function here. Set-up, once (the peer's
+commit measured here: 8c6f323)::
 
     git clone https://github.com/antoniohonsell/Generalized-LMC-for-Transformers peer/src
     python -m venv peer/venv
