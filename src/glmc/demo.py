@@ -21,10 +21,11 @@ import json
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 from glmc.barrier import AlignOptions, BarrierReport, barrier_batches, run_barrier
 from glmc.data import load_dataset
@@ -127,6 +128,42 @@ def _train_one(cfg: TrainConfig, folder: str) -> dict:
     return train(cfg, folder, resume=True, progress=False)
 
 
+@dataclass
+class Measured:
+    """One pair's measurements, as a worker process returns them (no models inside)."""
+
+    report: BarrierReport
+    study: dict[str, IterationStudy] | None
+    moves: dict | None
+
+
+def _measure_pair(pair: DemoPair, a: str, b: str, methods: tuple[str, ...], points: int,
+                  learned: LearnedMatchingOptions, max_batches: int | None,
+                  events: Any = None) -> Measured:
+    """Every method's barrier on one pair, and the two findings; ``events``: a queue that
+    receives (pair title, method, stage, done, total) as the work goes on."""
+    import torch
+
+    torch.set_num_threads(1)
+
+    def progress(method: str, stage: str, done: int, total: int) -> None:
+        if events is not None:
+            events.put((pair.title, method, stage, done, total))
+
+    rep = run_barrier(a, b, pair.train.data, methods=methods, points=points,
+                      options=AlignOptions(learned=learned), label=pair.title,
+                      max_batches=max_batches, progress=progress)
+    progress("iterations", "align", 0, 1)
+    study = study_iterations(Path(a), Path(b), pair.train.data, max_batches)
+    moves = None
+    result = rep.methods.get("learned")
+    if result is not None and result.alignment is not None:
+        moves = learned_moves(result.alignment.learned, result.alignment.a.spec.roles)
+    for m in rep.methods.values():  # (the models stay in the worker)
+        m.alignment = None
+    return Measured(rep, study, moves)
+
+
 def train_models(jobs: list[tuple[TrainConfig, Path]], parallel: int,
                  note: Callable[[str], None]) -> None:
     """Train what the cache lacks, ``parallel`` models at a time (one thread each)."""
@@ -171,6 +208,96 @@ def study_iterations(a: Path, b: Path, data: str, max_batches: int | None
     return wm_iterations(ma, mb, Evaluator(ma.config, batches))
 
 
+def _run_pipeline(experiments: list[DemoPair], cache: Path, methods: tuple[str, ...],
+                  points: int, learned: LearnedMatchingOptions, max_batches: int | None,
+                  parallel: int, note: Callable[[str], None],
+                  progress: Callable | None) -> tuple[dict[str, Measured], float]:
+    """Train what the cache lacks and measure every pair, ``parallel`` processes at a time
+    (one thread each): a pair is measured as soon as both its models exist, while the others
+    train. Returns the measurements and the seconds until the last model was trained."""
+    t0 = time.perf_counter()
+    folders = {p.key: (model_folder(cache, p, 0), model_folder(cache, p, 1))
+               for p in experiments}
+    jobs = [(dataclasses.replace(p.train, seed=s), folders[p.key][s])
+            for p in experiments for s in (0, 1)]
+    results: dict[str, Measured] = {}
+    if parallel <= 1:
+        train_models(jobs, 1, note)
+        t_train = time.perf_counter() - t0
+        for p in experiments:
+            note(f"{p.title}: aligning and measuring {', '.join(methods)}")
+            results[p.key] = _measure_pair(p, *map(str, folders[p.key]), methods, points,
+                                           learned, max_batches, _Events(progress))
+        return results, t_train
+    todo = [(c, f) for c, f in jobs if not (f / "glmc_train.json").is_file()]
+    for _, f in jobs:
+        if all(f != g for _, g in todo):
+            note(f"reusing {f}")
+    if todo:
+        note(f"training {len(todo)} model(s) and measuring each pair once it is trained, "
+             f"{parallel} at a time (an interrupted run resumes from its checkpoints)")
+    import multiprocessing
+
+    manager = multiprocessing.get_context("spawn").Manager()
+    events = manager.Queue()
+    done = {f for p in experiments for f in folders[p.key]} - {f for _, f in todo}
+    t_train = 0.0
+    with ProcessPoolExecutor(parallel, mp_context=get_context("spawn")) as pool:
+        pending = {pool.submit(_train_one, cfg, str(f)): ("train", f) for cfg, f in todo}
+        started: set[str] = set()
+
+        def start_ready() -> None:
+            for p in experiments:
+                if p.key not in started and all(f in done for f in folders[p.key]):
+                    started.add(p.key)
+                    note(f"{p.title}: aligning and measuring {', '.join(methods)}")
+                    fut = pool.submit(_measure_pair, p, *map(str, folders[p.key]), methods,
+                                      points, learned, max_batches, events)
+                    pending[fut] = ("measure", p.key)
+
+        start_ready()
+        while pending:
+            finished, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            _drain(events, progress)
+            for fut in finished:
+                kind, what = pending.pop(fut)
+                value = fut.result()
+                if kind == "train":
+                    done.add(what)
+                    note(f"trained {what}")
+                    if all(k != "train" for k, _ in pending.values()):
+                        t_train = time.perf_counter() - t0
+                    start_ready()
+                else:
+                    results[what] = value
+                    note(f"{value.report.label}: measured")
+    manager.shutdown()
+    return results, t_train
+
+
+class _Events:
+    """The in-process stand-in for the workers' event queue: calls ``progress`` at once."""
+
+    def __init__(self, progress: Callable | None) -> None:
+        self.progress = progress
+
+    def put(self, event: tuple) -> None:
+        if self.progress is not None:
+            _, method, stage, done, total = event
+            self.progress(method, stage, done, total)
+
+
+def _drain(events: Any, progress: Callable | None) -> None:
+    """Pass the workers' progress events on (the latest of each matters)."""
+    while True:
+        try:
+            _, method, stage, done, total = events.get_nowait()
+        except Exception:  # noqa: BLE001 - queue.Empty, from a manager's proxy
+            return
+        if progress is not None:
+            progress(method, stage, done, total)
+
+
 def run_demo(
     out: str | Path = "glmc-demo",
     cache: str | Path = "glmc-cache",
@@ -191,30 +318,20 @@ def run_demo(
     experiments = pairs(quick)
     for p in experiments:  # a missing dataset fails here, before any training
         load_dataset(p.train.data, seed=p.train.data_seed)
-    jobs = [(dataclasses.replace(p.train, seed=s), model_folder(cache, p, s))
-            for p in experiments for s in (0, 1)]
-    train_models(jobs, parallel or min(2, os.cpu_count() or 1), note)
-    t_train = time.perf_counter() - t0
     options = AlignOptions(learned=learned_options(quick, learned_steps))
     demo = DemoResult(experiments, {}, {})
-    max_batches = 4 if quick else None
+    measured, t_train = _run_pipeline(experiments, cache, methods, points, options.learned,
+                                      4 if quick else None,
+                                      parallel or min(2, os.cpu_count() or 1), note, progress)
     for p in experiments:
-        a, b = model_folder(cache, p, 0), model_folder(cache, p, 1)
-        note(f"{p.title}: aligning and measuring {', '.join(methods)}")
-        rep = run_barrier(a, b, p.train.data, methods=methods, points=points,
-                          options=options, label=p.title, max_batches=max_batches,
-                          progress=progress)
-        demo.reports[p.key] = rep
-        for warning in rep.warnings:  # (also in results.json, with the barriers)
+        m = measured[p.key]
+        demo.reports[p.key] = m.report
+        for warning in m.report.warnings:  # (also in results.json, with the barriers)
             note(f"{p.title}: warning: {warning}")
-        note(f"{p.title}: barrier after k weight-matching iterations")
-        study = study_iterations(a, b, p.train.data, max_batches)
-        if study is not None:
-            demo.iterations[p.title] = study
-        learned = rep.methods.get("learned")
-        if learned is not None and learned.alignment is not None:
-            al = learned.alignment
-            demo.moves[p.title] = learned_moves(al.learned, al.a.spec.roles)
+        if m.study is not None:
+            demo.iterations[p.title] = m.study
+        if m.moves is not None:
+            demo.moves[p.title] = m.moves
     out.mkdir(parents=True, exist_ok=True)
     plots = {k: plot_barriers(r, out / f"barrier-{k}.png", title=r.label)
              for k, r in demo.reports.items()}
@@ -225,6 +342,7 @@ def run_demo(
     demo.results = {
         "quick": quick, "seconds": {"total": round(time.perf_counter() - t0, 1),
                                     "training": round(t_train, 1)},
+        "parallel": parallel or min(2, os.cpu_count() or 1),
         "models": {p.key: {"a": str(model_folder(cache, p, 0)),
                            "b": str(model_folder(cache, p, 1)),
                            "train": dataclasses.asdict(p.train)} for p in experiments},
