@@ -125,7 +125,9 @@ def test_resnet_untied_block_output_breaks_function(norm: str) -> None:
 @given(data=st.data())
 def test_probes_observe_their_spaces(arch: str, norm: str, data: st.DataObject) -> None:
     """Each probe is a submodule whose output's axis 1 has its space's size and moves with
-    the space under a transform; its affine tensors are indexed by that axis."""
+    the space under a transform; its affine tensors are indexed by that axis. A ResNet
+    stream's probes where it is the stream itself (the stem's and every block's output) have
+    no affine: every other probe has one."""
     config = data.draw(configs(arch, norm))
     model = random_model(config, seed=data.draw(st.integers(0, 2**16)))
     spec, probes = model.spec, convnet_probes(config)
@@ -137,9 +139,15 @@ def test_probes_observe_their_spaces(arch: str, norm: str, data: st.DataObject) 
         size = spec.spaces[p.space].size
         assert before.shape[1] == size
         assert torch.allclose(t.elements[p.space].apply(before, 1, "out"), after, atol=1e-10)
-        assert p.affine is not None
-        for name in p.affine:
+        assert (p.point, p.axis) == ("output", 1)
+        assert (p.affine is None) == p.stream
+        assert not p.stream or (arch == "resnet20" and p.activation is None)
+        for name in p.affine or ():
             assert model.state[name].shape[0] == size
+    if arch == "resnet20":  # (the stem and every block show the stream they write)
+        blocks = [n for n, m in model.module().named_modules() if type(m).__name__ in
+                  ("Stem", "BasicBlock")]
+        assert [p.module for p in probes if p.stream] == blocks
 
 
 def observe(model: CanonicalModel, probes: list, config: ConvNetConfig) -> list[torch.Tensor]:

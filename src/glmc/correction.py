@@ -8,9 +8,10 @@ on training batches after the interpolation:
 - **reset** (``"reset"``): every BatchNorm's running mean and variance recomputed on the
   merged model (train-mode forward passes, the statistics averaged over the batches);
 - **REPAIR** (``"repair"``, Jordan et al. 2023): every unit's output at the family's probes
-  (``Family.probes``) rescaled so that its mean and standard deviation are the interpolation
-  of A's and B's, λ·μ_A + (1 − λ)·μ_B and λ·σ_A + (1 − λ)·σ_B; the affine correction is
-  folded into the probe's weight and bias, so the result is a plain model of the same shape.
+  that carry an affine (``Family.probes``, ``Probe.affine``) rescaled so that its mean and
+  standard deviation are the interpolation of A's and B's, λ·μ_A + (1 − λ)·μ_B and
+  λ·σ_A + (1 − λ)·σ_B; the affine correction is folded into the probe's weight and bias, so
+  the result is a plain model of the same shape.
 
 Both work on any family that names its probes and uses torch's BatchNorm layers; neither
 names an architecture.
@@ -18,14 +19,15 @@ names an architecture.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import nn
 
 from glmc.defaults import CORRECTIONS
 from glmc.errors import GlmcError
+from glmc.families.base import Probe
 from glmc.model import CanonicalModel
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -43,7 +45,7 @@ def check_correction(model: CanonicalModel, how: str, where: str = "the model") 
     if how == "reset" and not has_batchnorm(model):
         raise GlmcError(f"{where} has no BatchNorm layer: there are no statistics to reset "
                         "(REPAIR, --correction repair, rescales any model with probes)")
-    if how == "repair" and not model.family.probes(model.config):
+    if how == "repair" and not repair_probes(model):
         raise GlmcError(f"REPAIR needs the units' outputs, which the {model.family.name} "
                         f"family does not expose ({where})")
 
@@ -61,9 +63,16 @@ def _inputs(batches: Sequence[Batch], dtype: torch.dtype) -> list[torch.Tensor]:
     return [x.to(dtype) if x.is_floating_point() else x for x, _ in batches]
 
 
-def units_first(y: torch.Tensor) -> torch.Tensor:
-    """A probe's output y (N, C, ...) as (C, N·...) in float64: each unit's every value."""
-    return y.transpose(0, 1).reshape(y.shape[1], -1).double()
+def repair_probes(model: CanonicalModel) -> list[Probe]:
+    """The probes REPAIR rescales: those with an affine to fold the correction into (a probe
+    of a residual stream after its addition, or of a layer's input, has none)."""
+    return [p for p in model.family.probes(model.config) if p.affine is not None]
+
+
+def units_first(y: torch.Tensor, axis: int = 1) -> torch.Tensor:
+    """A probe's tensor y with its C units on ``axis`` (N, C, ... by default) as (C, ·) in
+    float64: each unit's every value."""
+    return y.movedim(axis, 0).reshape(y.shape[axis], -1).double()
 
 
 def _channel_stats(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -93,7 +102,12 @@ class _Moments:
 
 
 @contextmanager
-def _hooks(module: nn.Module, names: Sequence[str], fn, pre: bool = False):
+def hooks(module: nn.Module, names: Sequence[str],
+          fn: Callable[[str, torch.Tensor], torch.Tensor | None],
+          pre: bool = False) -> Iterator[None]:
+    """While open, every forward pass of ``module`` calls ``fn(name, y)`` for each submodule
+    ``name``: y its output (what fn returns, unless None, replaces it) or, with ``pre``, its
+    first input."""
     handles = []
     for name in names:
         sub = module.get_submodule(name)
@@ -104,6 +118,20 @@ def _hooks(module: nn.Module, names: Sequence[str], fn, pre: bool = False):
     finally:
         for h in handles:
             h.remove()
+
+
+@contextmanager
+def probe_hooks(module: nn.Module, probes: Sequence[Probe],
+                fn: Callable[[Probe, torch.Tensor], torch.Tensor | None]) -> Iterator[None]:
+    """:func:`hooks` at the probes' points: ``fn(probe, y)`` with y the tensor each probe
+    observes (its module's output or first input, ``Probe.point``), once per forward pass."""
+    with ExitStack() as stack:
+        for pre in (False, True):
+            at = {p.module: p for p in probes if (p.point == "input") == pre}
+            if len(at) < sum((p.point == "input") == pre for p in probes):
+                raise ValueError("two probes observe the same point")
+            stack.enter_context(hooks(module, list(at), lambda n, y, at=at: fn(at[n], y), pre))
+        yield
 
 
 @torch.no_grad()
@@ -121,7 +149,7 @@ def reset_batchnorm(model: CanonicalModel, batches: Sequence[Batch]) -> Canonica
         return model
     moments = {n: _Moments() for n in norms}
     module.train()
-    with _hooks(module, norms, lambda n, x: moments[n].add(x), pre=True):
+    with hooks(module, norms, lambda n, x: moments[n].add(x), pre=True):
         for x in _inputs(batches, model.dtype):
             module(x)
     state = dict(model.state)
@@ -143,7 +171,7 @@ def probe_moments(model: CanonicalModel, batches: Sequence[Batch],
     probe sees what the corrected model will give it; the statistics returned are those
     before each probe's own correction.
     """
-    probes = [p.module for p in model.family.probes(model.config)]
+    probes = [p.module for p in repair_probes(model)]
     if not probes:
         raise GlmcError(f"REPAIR needs probes: the {model.family.name} family names none")
     module = model.module()
@@ -160,7 +188,7 @@ def probe_moments(model: CanonicalModel, batches: Sequence[Batch],
         bsd = y.var(axes, keepdim=True, unbiased=False).clamp_min(1e-30).sqrt()
         return (y - bmu) / bsd * sd.view(shape) + mu.view(shape)
 
-    with _hooks(module, probes, observe):
+    with hooks(module, probes, observe):
         for x in _inputs(batches, model.dtype):
             module(x)
     out = {}
@@ -181,7 +209,7 @@ def repair(merged: CanonicalModel, a: CanonicalModel, b: CanonicalModel, lam: fl
     """
     if lam in (0.0, 1.0):
         return merged
-    probes = merged.family.probes(merged.config)
+    probes = repair_probes(merged)
     sa, sb = probe_moments(a, batches), probe_moments(b, batches)
     target = {p.module: (lam * sa[p.module][0] + (1 - lam) * sb[p.module][0],
                          lam * sa[p.module][1] + (1 - lam) * sb[p.module][1]) for p in probes}

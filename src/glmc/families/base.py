@@ -111,18 +111,32 @@ class ModelConfig:
 class Probe:
     """A point inside the module where a space's units can be observed on data.
 
-    ``module`` is a submodule's name; its output's axis 1 (channels, or features of a 2-D
-    output) lists the units of ``space`` in the model's order. ``affine``: the tensors
-    (weight, bias), both indexed by that axis, through which an affine correction of each
-    unit's output is folded in (REPAIR); None where the output cannot be rescaled that way.
-    ``activation``: the nonlinearity the model applies to that output next (``"relu"``), which
-    activation matching applies before correlating (None: the output as it is).
+    ``module`` is a submodule's name; the tensor observed there is its output (``point``
+    ``"output"``) or its first input (``"input"``: what a linear layer reads, such as the
+    heads' outputs before an attention's output projection), and its axis ``axis`` lists the
+    units of ``space`` in the model's order (1: the channels of (N, C, ...) or the features
+    of (N, F); -1: the features of (B, T, F)). ``affine``: the tensors (weight, bias), both
+    indexed by that axis, through which an affine correction of each unit's output is folded
+    in (REPAIR reads only such probes); None where the output cannot be rescaled that way.
+    ``activation``: the nonlinearity the model applies to that output next (``"relu"``),
+    which activation matching applies before correlating (None: the output as it is, which
+    is then what the next layer reads). ``stream``: the probe observes a space that several
+    writers add to where the sum itself is (a residual stream after the addition, what every
+    reader reads), not one writer's term of it.
     """
 
     module: str
     space: str
     affine: tuple[str, str] | None = None
     activation: str | None = None
+    point: str = "output"
+    axis: int = 1
+    stream: bool = False
+
+    def __post_init__(self) -> None:
+        if self.point not in ("output", "input"):
+            raise ValueError(f"probe {self.module}: point must be 'output' or 'input', got "
+                             f"{self.point!r}")
 
 
 class Family:

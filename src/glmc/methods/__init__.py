@@ -7,7 +7,9 @@ between the two (``none``: the stock weights averaged as loaded). The path is th
 line λ·A + (1 − λ)·π(B) unless the method returns a path of its own.
 
     weight, weight-perm          weight matching (orthogonal / permutation residual map)
-    activation                   activation matching (permutation symmetries only; data)
+    activation, activation-perm  activation matching (Git Re-Basin's; orthogonal /
+                                 permutation residual map; data)
+    activation-prepost           activation matching, pre- and post-activation (data)
     learned, learned-perm        weight matching, then learned matching (data)
     none, canonical              no alignment (merge and barrier only)
 
@@ -99,14 +101,26 @@ register_method("weight", f"{_BUILTIN}:weight", "weight matching, orthogonal res
 register_method("weight-perm", f"{_BUILTIN}:weight", "weight matching, permutation-only "
                 "residual map (the paper's ablation)", residual="permutation")
 register_method("activation", f"{_BUILTIN}:activation",
-                "activation matching: units paired by the correlation of their activations on "
-                "the training split (permutation symmetries only)", data=True)
+                "activation matching (Git Re-Basin's) on the training split: units paired by "
+                "the correlation of what the next layer reads (post-activation outputs, a "
+                "ResNet stage's stream after each addition); attention heads by the canonical "
+                "correlations of their outputs, then their inner maps; the residual stream "
+                "by an orthogonal Procrustes", data=True)
 register_method("learned", f"{_BUILTIN}:learned",
                 "learned matching on the training split, from weight matching's solution",
                 data=True)
 register_method("learned-perm", f"{_BUILTIN}:learned", "learned matching with a "
                 "permutation-only residual map (the paper's ablation)", data=True,
                 residual="permutation")
+# (the variants of activation matching after the rest: the commands' help lists the names
+# in this order, and argparse wraps it at hyphens, which must not split a name)
+register_method("activation-perm", f"{_BUILTIN}:activation", "activation matching with a "
+                "permutation-only residual map and head dimensions (the paper's ablation)",
+                data=True, residual="permutation")
+register_method("activation-prepost", f"{_BUILTIN}:activation_prepost",
+                "activation matching, glmc's variant: each unit's correlations before and "
+                "after its activation summed, a ResNet stream correlated at its writers (the "
+                "summands before the addition)", data=True)
 
 # The types and helpers the methods share, loaded on first use (they import torch).
 _EXPORTS = {

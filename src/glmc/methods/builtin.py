@@ -83,8 +83,15 @@ def weight(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
     return _moved(a, b, match.transform, match)
 
 
-def activation(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
-    return _moved(a, b, activation_matching(a, b, statistics_batches(a, o.data)), None)
+def activation(a: CanonicalModel, b: CanonicalModel, o: AlignOptions,
+               variant: str = "post") -> Alignment:
+    t = activation_matching(a, b, statistics_batches(a, o.data), variant=variant,
+                            residual=o.residual)
+    return _moved(a, b, t, None)
+
+
+def activation_prepost(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
+    return activation(a, b, o, variant="prepost")
 
 
 def learned(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:

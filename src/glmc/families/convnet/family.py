@@ -28,7 +28,10 @@ def _probe(config: ConvNetConfig, conv: str, norm: str, space: str,
 
 
 def convnet_probes(config: ConvNetConfig) -> list[Probe]:
-    """Where each space's units show (a tied ResNet stream at every writer: several)."""
+    """Where each space's units show: every layer's output (after its norm), and a ResNet
+    stage's tied stream at every writer (the summands added to it: the stem, each block's
+    second norm, the projection shortcut) and where it is the stream itself (the stem's and
+    every block's output, after the addition and its ReLU: what the next block reads)."""
     if config.arch == "mlp":
         return [Probe(f"layers.{i}", f"layers.{i}", (f"layers.{i}.weight", f"layers.{i}.bias"),
                       "relu") for i in range(config.depth)]
@@ -36,6 +39,7 @@ def convnet_probes(config: ConvNetConfig) -> list[Probe]:
     if config.arch != "resnet20":
         return [_probe(config, f"{s}.conv", f"{s}.norm", s) for s in spec.spaces]
     probes = [_probe(config, "stem.conv", "stem.norm", "stages.0")]
+    streams = [Probe("stem", "stages.0", stream=True)]
     for s in range(len(resnet_channels(config))):
         stream = f"stages.{s}"
         for b in range(RESNET_BLOCKS):
@@ -45,7 +49,8 @@ def convnet_probes(config: ConvNetConfig) -> list[Probe]:
             if s > 0 and b == 0:
                 probes.append(_probe(config, f"{blk}.shortcut.conv", f"{blk}.shortcut.norm",
                                      stream, None))
-    return probes
+            streams.append(Probe(blk, stream, stream=True))
+    return probes + streams
 
 
 class ConvNetFamily(Family):

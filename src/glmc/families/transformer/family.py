@@ -1,15 +1,15 @@
 """The transformer family: what the rest of glmc asks of the canonical transformer (its
-module, spec, circuit form, token rows and whether its stream is centred)."""
+module, spec, probes, circuit form, token rows and whether its stream is centred)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from glmc.families.base import Family
+from glmc.families.base import Family, Probe
 from glmc.families.transformer.circuit import to_circuit
 from glmc.families.transformer.model import CanonicalConfig, build
 from glmc.families.transformer.rewrite import max_mean_along
-from glmc.families.transformer.spec import canonical_spec
+from glmc.families.transformer.spec import RES, canonical_spec
 from glmc.symmetry.spec import SymmetrySpec
 from glmc.tensors import StateDict
 
@@ -17,6 +17,29 @@ if TYPE_CHECKING:
     from torch import nn
 
     from glmc.model import CanonicalModel
+
+
+def transformer_probes(cfg: CanonicalConfig) -> list[Probe]:
+    """Where each space shows on data, every tensor (B, T, ·) with the units last:
+
+    - ``res``: the stream itself, the embedding's output and every block's (what the next
+      block and the head read through their norms);
+    - ``mlp.{i}``: the input of the MLP's down projection, the units after the activation
+      (a gated MLP's act(gate(x))·fc(x));
+    - ``heads.{i}`` (head form): the input of the attention's output projection, every query
+      head's value-weighted sum (head_dim coordinates each, query heads of one key/value
+      group side by side). Circuit-form heads have no such point: their OV circuit acts
+      inside the attention.
+
+    None carries an affine: REPAIR does not apply."""
+    probes = [Probe("embed", RES, axis=-1, stream=True)]
+    for i in range(cfg.n_layer):
+        block = f"blocks.{i}"
+        if cfg.attention == "heads":
+            probes.append(Probe(f"{block}.attn.o", f"heads.{i}", point="input", axis=-1))
+        probes.append(Probe(f"{block}.mlp.proj", f"mlp.{i}", point="input", axis=-1))
+        probes.append(Probe(block, RES, axis=-1, stream=True))
+    return probes
 
 
 class TransformerFamily(Family):
@@ -41,6 +64,9 @@ class TransformerFamily(Family):
                     if dev > tol:
                         return n, dev
         return None
+
+    def probes(self, config: CanonicalConfig) -> list[Probe]:
+        return transformer_probes(config)
 
     def circuit_form(self, model: CanonicalModel) -> CanonicalModel:
         return to_circuit(model)
