@@ -32,7 +32,8 @@ from glmc.demo import model_folder, train_models
 from glmc.demo import pairs as demo_pairs
 from glmc.training import TrainConfig
 
-METHODS = ("none", "canonical", "weight", "weight-perm", "learned", "learned-perm")
+METHODS = ("none", "canonical", "activation", "weight", "weight-perm", "learned",
+           "learned-perm")
 #: Rows measured with attention rewritten as QK/OV circuits first (the paper's code does so):
 #: no inner bases left to map, so its permutation-only ablation is permutations of the residual
 #: stream, MLP units and whole heads alone.
@@ -40,6 +41,7 @@ CIRCUIT = {"weight-perm": "weight-perm-circuit"}
 TITLES = {
     "none": "vanilla averaging (stock weights)",
     "canonical": "averaging in canonical coordinates",
+    "activation": "activation matching",
     "weight": "weight matching",
     "weight-perm": "weight matching, permutations only",
     "learned": "learned matching",
@@ -86,7 +88,7 @@ def suite() -> list[Pair]:
         Pair("gpt2-paper", "GPT-2 paper shape (6L, d=256, 4 heads, MLP 1024; char, short)",
              _gpt(n_layer=6, n_embd=256, n_head=4, n_inner=1024, context=128, steps=1000,
                   batch_size=32, lr=2e-3),
-             methods=("none", "canonical", "weight", "weight-perm")),
+             methods=("none", "canonical", "activation", "weight", "weight-perm")),
         Pair("llama-demo", "Llama (GQA: 4 query / 2 key-value heads; 3L, d=128; char)",
              _gpt(arch="llama", n_layer=3, n_embd=128, n_head=4, context=64, steps=1000,
                   batch_size=32, lr=3e-3)),
@@ -160,8 +162,8 @@ def table(results: dict, peer: dict) -> str:
     """Rows: methods (the paper's code beside glmc's); columns: pairs; cells: test-loss
     barrier and, in brackets, its ratio to vanilla averaging of the same pair."""
     keys = [p.key for p in suite() if p.key in results.get("pairs", {})]
-    order = ("none", "canonical", "weight", "weight-perm", *CIRCUIT.values(), "learned",
-             "learned-perm")
+    order = ("none", "canonical", "activation", "weight", "weight-perm", *CIRCUIT.values(),
+             "learned", "learned-perm")
     rows = [("glmc", m) for m in order] + [("peer", m) for m in ("orthogonal-exact",
                                                                  "orthogonal", "perm-exact")]
     titles = {"orthogonal-exact": "paper's code: weight matching",
