@@ -8,11 +8,14 @@ transformers training loop in this script ("other code": AdamW at a constant rat
 warm-up, no weight decay on anything, no gradient clipping). Each variant's barrier is the
 validation loss barrier on an 11-point grid (the library's canonical evaluation of A and
 π(B)), and variants are ranked by the geometric mean, over the pairs, of their barrier
-relative to vanilla averaging's on the same pair. The defaults of
-``glmc.matching.options.WeightMatchingOptions`` are the winner of this table.
+relative to vanilla averaging's on the same pair. A variant replaces the defaults of
+``glmc.matching.options.WeightMatchingOptions`` only where its geometric mean is lower by at
+least :data:`ADOPT_MARGIN` (a smaller difference is well inside the spread of the per-pair
+ratios, which the verdict line reports); that line says which variant, if any, did.
 
     python benchmarks/screen.py --train-only      # train the screen's pairs (about 40 min)
     python benchmarks/screen.py                   # every pair, every variant
+    python benchmarks/screen.py --table           # the table again from screen.json
 
 Writes benchmarks/results/screen.json (every row with its commit, date, machine, threads)
 and the table in benchmarks/README.md.
@@ -32,6 +35,8 @@ from _common import RESULTS, provenance, replace_section, write_json
 from glmc.training import TrainConfig
 
 OUT = RESULTS / "screen.json"
+#: How much lower (relatively) a variant's geometric mean must be to replace the defaults.
+ADOPT_MARGIN = 0.05
 #: name -> weight-matching options (the defaults first).
 VARIANTS: dict[str, dict] = {
     "defaults": {},
@@ -185,6 +190,27 @@ def ranking(results: dict) -> list[tuple[str, float]]:
     return sorted(out, key=lambda kv: kv[1])
 
 
+def verdict(results: dict) -> str:
+    """One sentence: the variant that replaces the defaults, or why none does, with the
+    paired evidence (per pair, the log of its ratio over the defaults' ratio)."""
+    geo = dict(ranking(results))
+    base = geo["defaults"]
+    best, value = min(((k, v) for k, v in geo.items() if k != "defaults"), key=lambda kv: kv[1])
+    logs = [math.log(r[best]["ratio"] / r["defaults"]["ratio"])
+            for r in results["pairs"].values() if best in r]
+    mean = sum(logs) / len(logs)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / max(len(logs) - 1, 1))
+    evidence = (f"better on {sum(x < 0 for x in logs)} of {len(logs)} pairs; per pair the log "
+                f"ratio to the defaults is {mean:+.3f} on average, standard deviation {sd:.3f}")
+    gain = 1 - value / base
+    if gain >= ADOPT_MARGIN:
+        return (f"**{best}** lowers the geometric mean by {gain:.1%} (at least "
+                f"{ADOPT_MARGIN:.0%} needed; {evidence}): it replaces the defaults.")
+    return (f"The best variant, {best}, lowers the geometric mean by {max(gain, 0):.1%} "
+            f"({evidence}), less than the {ADOPT_MARGIN:.0%} a variant needs to replace the "
+            f"defaults: they stay.")
+
+
 def table(results: dict) -> str:
     keys = list(results["pairs"])
     geo = dict(ranking(results))
@@ -198,6 +224,8 @@ def table(results: dict) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {geo.get(name, math.nan):.3f} |")
     first = next(iter(next(iter(results["pairs"].values())).values()))
     lines.append("")
+    lines.append(verdict(results))
+    lines.append("")
     lines.append(f"One run: commit {first['commit']}{' (with changes)' if first['dirty'] else ''}"
                  f", {first['date']} UTC, {first['machine']}, {first['threads']} thread(s).")
     return "\n".join(lines)
@@ -210,7 +238,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", default="glmc-cache")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--train-only", action="store_true")
+    p.add_argument("--table", action="store_true",
+                   help="print and write the table from screen.json, measuring nothing")
     args = p.parse_args(argv)
+    if args.table:
+        import json
+
+        md = table(json.loads(OUT.read_text()))
+        print(md)
+        replace_section("screen", md)
+        return 0
     import torch
 
     torch.set_num_threads(args.threads)
