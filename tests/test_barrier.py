@@ -393,13 +393,19 @@ def test_data_seed_chooses_the_split_of_folders_without_a_record(digits_runs):
 
 
 def test_seed_changes_learned_matching_only(digits_runs, capsys):
+    """--seed is learned matching's (data order and λ draws): weight matching's curve and the
+    endpoints stay, the learned midpoint moves. Each run is long enough to move from its start
+    (20 steps validated every 2: every one of seeds 0-19 beat its start, the earliest at step
+    2; with 4 steps validated every 2, half of them kept the start, and two runs that both keep
+    it compute the same midpoint). The data order and λ draws, which differ whether or not a run
+    moves, are compared too."""
     a, b = digits_runs["a"], digits_runs["b"]
     runs = {}
     for seed in (0, 1):
         rc, out = _barrier_json(capsys, a, b, "--data", "digits", "--align", "weight",
-                                "--align", "learned", "--steps", "4", "--train-batch-size", "16",
-                                "--eval-every", "2", "--lr", "0.1", "--points", "3", "--json",
-                                "--seed", str(seed))
+                                "--align", "learned", "--steps", "20", "--train-batch-size",
+                                "16", "--eval-every", "2", "--lr", "0.1", "--points", "3",
+                                "--json", "--seed", str(seed))
         assert rc == 0, out
         runs[seed] = out
     assert runs[0]["data_seed"] == runs[1]["data_seed"] == 3
@@ -407,7 +413,16 @@ def test_seed_changes_learned_matching_only(digits_runs, capsys):
         assert runs[0]["methods"]["weight"][key] == runs[1]["methods"]["weight"][key]
     l0, l1 = runs[0]["methods"]["learned"], runs[1]["methods"]["learned"]
     assert l0["losses"][0] == l1["losses"][0] and l0["losses"][-1] == l1["losses"][-1]
+    for run in (l0, l1):  # (both moved: the midpoints are two learned ones, not the start's)
+        assert run["learned"]["best_step"] > 0, run["learned"]
+        assert run["learned"]["best_val"] < run["learned"]["start_val"], run["learned"]
+    assert l0["learned"]["start_val"] == l1["learned"]["start_val"]  # (one start)
     assert l0["losses"][1] != l1["losses"][1]  # λ = 1/2: another data order and λ draws
-    al = glmc.align(a, b, method="learned", data="digits",
-                    learned=LearnedMatchingOptions(steps=1, batch_size=16, eval_every=1))
-    assert al.settings["data_seed"] == 3
+    logs = []
+    for seed in (0, 1):
+        al = glmc.align(a, b, method="learned", data="digits", seed=seed,
+                        learned=LearnedMatchingOptions(steps=2, batch_size=16, eval_every=1))
+        assert al.settings["data_seed"] == 3
+        logs.append(al.learned.log)
+    for step0, step1 in zip(*logs, strict=True):  # each step: another batch at another λ
+        assert step0["lambda"] != step1["lambda"] and step0["loss"] != step1["loss"]

@@ -11,11 +11,12 @@ import torch
 
 import glmc.families
 from glmc.api import align, interpolate, load
-from glmc.barrier import run_barrier
+from glmc.barrier import AlignOptions, run_barrier
 from glmc.cli.main import main
 from glmc.correction import probe_moments, repair, reset_batchnorm
 from glmc.errors import GlmcError
 from glmc.families.convnet import ConvNetConfig
+from glmc.matching.options import LearnedMatchingOptions
 from glmc.model import CanonicalModel
 from glmc.symmetry.transform import Transform
 from glmc.training.options import ARCHS
@@ -98,29 +99,127 @@ def test_repair_gives_every_probe_the_interpolated_statistics(arch, norm):
 # -- an independently trained pair --------------------------------------------------------
 
 
+def train_convnets(root, args: list[str], seeds) -> list:
+    """``glmc train`` (one thread) of one model per seed, in ``root``; their folders."""
+    folders = []
+    for seed in seeds:
+        folders.append(root / f"s{seed}")
+        assert main(["train", *args, "--data", "digits", "--seed", str(seed), "--threads", "1",
+                     "-o", str(folders[-1]), "--json"]) == 0
+    return folders
+
+
+def mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs)
+
+
+def pairs_of(folders: list) -> list[tuple]:
+    """Every pair of the models (three models: three pairs)."""
+    return [(a, b) for i, a in enumerate(folders) for b in folders[i + 1:]]
+
+
+#: Noise of the trained-pair figures below. Small pairs trained for seconds are chaotic:
+#: retraining one with the learning rate moved by 1e-4 of itself (what another CPU's rounding
+#: does to a trajectory) moves a single pair's figure by 20-30% (the MLP's REPAIR share
+#: 0.75x -> 0.52x and 0.70x). The MLP and VGG tests therefore assert on the mean over the three
+#: pairs of three models (seeds 0, 1, 2), whose noise was measured on the same pairs retrained
+#: so ("perturbed") and on models of seeds 3-5 and 6-8 ("seeds"). The ResNet pair, 30 s to
+#: train, is one pair.
+MLP = ["--arch", "mlp", "--base", "64", "--steps", "300", "--batch-size", "64", "--lr", "3e-3"]
+
+
 @pytest.fixture(scope="module")
-def mlp_pair(tmp_path_factory, h):
-    """Two MLPs (3x64) trained on digits from different seeds."""
+def mlp_models(tmp_path_factory, h) -> list:
+    """Three MLPs (3x64) trained on digits from seeds 0, 1 and 2 (about 0.3 s each)."""
     h.require_packages("sklearn")
-    root = tmp_path_factory.mktemp("mlp")
-    for seed in (0, 1):
-        assert main(["train", "--arch", "mlp", "--data", "digits", "--base", "64", "--seed",
-                     str(seed), "--steps", "300", "--batch-size", "64", "--lr", "3e-3",
-                     "--threads", "1", "-o", str(root / f"m{seed}"), "--json"]) == 0
-    return root / "m0", root / "m1"
+    return train_convnets(tmp_path_factory.mktemp("mlp"), MLP, (0, 1, 2))
 
 
-def test_matching_an_independently_trained_mlp_pair_beats_averaging(mlp_pair):
-    """Stated margin: weight matching and both variants of activation matching leave at most
-    half of vanilla averaging's loss barrier (measured: vanilla 1.34; weight 0.077x,
-    activation 0.073x, activation-prepost 0.099x)."""
-    a, b = mlp_pair
-    methods = ("weight", "activation", "activation-prepost")
-    report = run_barrier(a, b, "digits", methods=("none", *methods), points=5)
-    none = report.methods["none"].loss_barrier
-    assert none > 0.05
-    for method in methods:
-        assert report.methods[method].loss_barrier <= 0.5 * none, method
+@pytest.fixture(scope="module")
+def mlp_pair(mlp_models):
+    """Two MLPs (3x64) trained on digits from different seeds."""
+    return mlp_models[0], mlp_models[1]
+
+
+def test_matching_independently_trained_mlp_pairs_beats_averaging(mlp_models):
+    """Mean over the three pairs of the share of vanilla averaging's loss barrier each method
+    leaves, measured (pair 0-1's share; perturbed; seeds): weight 0.101 (0.077x; 0.093, 0.084;
+    0.086, 0.104), activation 0.104 (0.073x; 0.105, 0.129; 0.090, 0.096), activation-prepost
+    0.128 (0.099x; 0.130, 0.126; 0.133, 0.105). Margins: 0.13, 0.14, 0.17 (about 1.3x)."""
+    margin = {"weight": 0.13, "activation": 0.14, "activation-prepost": 0.17}
+    shares: dict[str, list[float]] = {m: [] for m in margin}
+    for a, b in pairs_of(mlp_models):
+        report = run_barrier(a, b, "digits", methods=("none", *margin), points=5)
+        none = report.methods["none"].loss_barrier
+        assert none > 0.5, (a, b, none)  # (measured: 1.34, 1.22, 1.00)
+        for method in margin:
+            shares[method].append(report.methods[method].loss_barrier / none)
+    for method, share in margin.items():
+        assert mean(shares[method]) <= share, (method, shares[method])
+
+
+#: Learned matching on the MLPs: 600 steps of batch 16 (about 1 s), validated every 100 steps on
+#: 12 batches (192 images; on 4, the choice by validation was noisier).
+MLP_LEARNED = LearnedMatchingOptions(steps=600, batch_size=16, lr=3e-2, eval_every=100,
+                                     eval_batches=12)
+
+
+def test_learned_matching_and_repair_beat_weight_matching_on_trained_mlp_pairs(mlp_models):
+    """Mean over the three pairs of the share of weight matching's loss barrier (measured:
+    0.104, 0.198, 0.064) that learned matching and REPAIR (after weight matching) leave,
+    measured (pair 0-1's; perturbed; seeds): learned 0.629 (0.560x; 0.542, 0.716; 0.706,
+    0.636), REPAIR 0.785 (0.746x; 0.569, 0.735; 0.711, 0.743). Margins: learned 0.8 (1.27x),
+    REPAIR 0.9 (1.15x: REPAIR's gain on an MLP without norms is a quarter of the barrier; a
+    regression that gives back half of it fails)."""
+    shares: dict[str, list[float]] = {"learned": [], "repair": []}
+    for a, b in pairs_of(mlp_models):
+        report = run_barrier(a, b, "digits", methods=("weight", "learned"), points=5,
+                             options=AlignOptions(seed=0, learned=MLP_LEARNED))
+        weight = report.methods["weight"].loss_barrier
+        assert weight > 0.03, (a, b, weight)
+        shares["learned"].append(report.methods["learned"].loss_barrier / weight)
+        repaired = run_barrier(a, b, "digits", methods=("weight",), points=5,
+                               options=AlignOptions(correction="repair"))
+        assert repaired.methods["weight"].losses[0] == pytest.approx(
+            report.methods["weight"].losses[0], rel=1e-6)  # (the endpoints are the models)
+        shares["repair"].append(repaired.methods["weight"].loss_barrier / weight)
+    assert mean(shares["learned"]) <= 0.8, shares
+    assert mean(shares["repair"]) <= 0.9, shares
+
+
+#: A VGG-11 with BatchNorm, 16 channels in its first stage (about 5 s to train).
+VGG_BN = ["--arch", "vgg11", "--norm", "batch", "--base", "16", "--steps", "300",
+          "--batch-size", "64", "--lr", "3e-3"]
+
+
+@pytest.fixture(scope="module")
+def vgg_bn_models(tmp_path_factory, h) -> list:
+    """Three BatchNorm VGG-11s (base 16) trained on digits from seeds 0, 1 and 2."""
+    h.require_packages("sklearn")
+    return train_convnets(tmp_path_factory.mktemp("vgg-bn"), VGG_BN, (0, 1, 2))
+
+
+def test_batchnorm_reset_and_repair_beat_weight_matching_on_trained_batchnorm_pairs(
+        vgg_bn_models):
+    """With BatchNorm, weight matching alone interpolates the running statistics, which no
+    longer describe the merged model (measured barriers: 3.78, 2.36, 2.40, the midpoint at
+    chance); a reset and REPAIR recompute them. Mean over the three pairs of the share of
+    weight matching's loss barrier each leaves, measured (pair 0-1's; perturbed; seeds): reset
+    0.277 (0.343x; 0.309, 0.372; 0.525), REPAIR 0.277 (0.343x; 0.305, 0.372; 0.524). Margin:
+    0.4 for both (1.44x)."""
+    shares: dict[str, list[float]] = {"reset": [], "repair": []}
+    for a, b in pairs_of(vgg_bn_models):
+        weight = run_barrier(a, b, "digits", methods=("weight",), points=5).methods["weight"]
+        assert weight.loss_barrier > 1.0, (a, b, weight.loss_barrier)
+        for how in shares:
+            got = run_barrier(a, b, "digits", methods=("weight",), points=5,
+                              options=AlignOptions(correction=how)).methods["weight"]
+            assert got.losses[0] == pytest.approx(weight.losses[0], rel=1e-6)  # (endpoints)
+            assert got.losses[-1] == pytest.approx(weight.losses[-1], rel=1e-6)
+            shares[how].append(got.loss_barrier / weight.loss_barrier)
+    for how, got in shares.items():
+        assert mean(got) <= 0.4, (how, got)
 
 
 @pytest.fixture(scope="module")
@@ -139,17 +238,20 @@ def resnet_pair(tmp_path_factory, h):
 
 
 def test_weight_matching_an_independently_trained_resnet_pair_beats_averaging(resnet_pair):
-    """Stated margin: weight matching leaves at most 0.6x vanilla averaging's loss barrier
-    and both variants of activation matching at most 0.4x (measured: vanilla 1.36, WM 0.38x,
-    activation, the block outputs, 0.12x, activation-prepost, the summands, 0.15x)."""
+    """Share of vanilla averaging's loss barrier (measured: 1.364) each method leaves,
+    measured (perturbed; seed pairs 2-3 and 4-5): weight 0.379x (0.324; 0.400, 0.574),
+    activation, the block outputs, 0.117x (0.085; 0.096, 0.160), activation-prepost, the
+    summands, 0.152x (0.074; 0.101, 0.112). Margins: weight 0.5, activation 0.16,
+    activation-prepost 0.2 (about 1.35x; one pair, 30 s to train: seed pair 4-5 would fail
+    the weight margin)."""
     a, b = resnet_pair
-    report = run_barrier(a, b, "digits", methods=("none", "weight", "activation",
-                                                  "activation-prepost"), points=5)
+    margin = {"weight": 0.5, "activation": 0.16, "activation-prepost": 0.2}
+    report = run_barrier(a, b, "digits", methods=("none", *margin), points=5)
     none = report.methods["none"].loss_barrier
-    assert none > 0.2
-    assert report.methods["weight"].loss_barrier <= 0.6 * none
-    for method in ("activation", "activation-prepost"):
-        assert report.methods[method].loss_barrier <= 0.4 * none, method
+    assert none > 0.8, none
+    for method, share in margin.items():
+        got = report.methods[method].loss_barrier
+        assert got <= share * none, (method, got, got / none, share)
 
 
 def test_merge_with_repair_writes_a_convnet_folder_with_its_report(mlp_pair, tmp_path, capsys):

@@ -78,6 +78,10 @@ def midpoint_barrier(a, b, t: Transform, data) -> float:
 
 
 def test_planted_pair_reaches_zero_barrier_from_a_perturbed_start(planted, data):
+    """Measured midpoint barriers: the perturbed start 0.0120, learned matching's result
+    -0.0157 (below zero: on this briefly trained toy some non-exact maps make a midpoint
+    better than A); toys of seeds 1 and 2: 0.0007 -> -0.0039, 0.0111 -> -0.0066. Margin: at
+    or below zero, where the start is above 5e-3."""
     a, b, wm = planted
     start = perturbed(wm)
     before = midpoint_barrier(a, b, start, data)
@@ -86,7 +90,7 @@ def test_planted_pair_reaches_zero_barrier_from_a_perturbed_start(planted, data)
     result = learned_matching(a, b, data, start, opts)
     after = midpoint_barrier(a, b, result.transform, data)
     assert before > 5e-3, before  # the perturbation does cost something
-    assert after < 2e-3, (before, after)
+    assert after <= 0.0, (before, after)
     assert result.distance["res"]["frobenius"] > 0  # it moved
     # The learned transform is still a symmetry: π(B) computes B's function.
     x = torch.randint(0, data.vocab_size, (2, 16))

