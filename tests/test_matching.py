@@ -453,3 +453,152 @@ def test_tensor_weights_count_each_tensor_by_its_mean(h, scheme):
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(GlmcError, match="bias weight"):
             WeightMatchingOptions(bias_weight=bad)
+
+
+# -- what makes it fast: the same numbers, computed with less ----------------------------------
+
+
+def test_weighted_state_holds_only_what_the_steps_read_and_weighs_as_before(h):
+    """A's weighted copies are kept except those of the tensors only the stream touches;
+    B's are made on each read. Either way each equals √w·X with masked rows zeroed, in
+    whole or by blocks of rows, and the norms are those of the weighted tensors."""
+    from glmc.matching.problem import Problem
+
+    a = h.make_tiny("gpt2", seed=1, tied=False, dtype=torch.float32).canonical()
+    b = h.make_tiny("gpt2", seed=2, tied=False, dtype=torch.float32).canonical()
+    mask = torch.arange(a.state["embed.tok"].shape[0]) % 3 != 0
+    prob = Problem(a, b, WeightMatchingOptions(row_masks={"embed.tok": (0, mask)}))
+    solo = {n for n in prob.spec.axes if prob.spec.spaces_of(n) == {"res"}}
+    assert "embed.tok" in solo and "blocks.0.mlp.fc.weight" not in solo
+    assert set(prob.A._held) == set(prob.spec.axes) - solo and not prob.B._held
+    for name in prob.spec.axes:
+        for model, side in ((a, prob.A), (b, prob.B)):
+            x = model.state[name]
+            if name == "embed.tok":
+                x = x * mask[:, None].to(x.dtype)
+            want = x * prob.w[name] ** 0.5
+            assert torch.equal(side[name], want), name
+            assert torch.equal(torch.cat(list(side.rows(name, 7))), want), name
+            assert side.sq_norm(name, block=64) == pytest.approx(
+                float(want.double().pow(2).sum()), rel=1e-12)
+    prob.release(["embed.tok"])
+    assert "embed.tok" not in prob.A and "embed.tok" not in prob.B
+
+
+def test_solo_cross_by_rows_equals_the_column_chunks():
+    """The embedding tables enter by blocks of rows weighed as they are read: bit for bit
+    the chunks of columns of their weighted copies."""
+    from types import SimpleNamespace
+
+    from glmc.matching.problem import WeightedState
+    from glmc.matching.residual import solo_cross
+
+    g = torch.Generator().manual_seed(0)
+    ta, tb = (torch.randn(5000, 24, generator=g) for _ in range(2))
+    scale = 1e-2
+
+    def weigh(name, t, rows):
+        return t * scale
+
+    spec = SimpleNamespace(occurrences=lambda s: [("tok", 1, "out")],
+                           spaces={"res": SimpleNamespace(size=24)})
+    prob = SimpleNamespace(spec=spec, A=WeightedState({"tok": ta}, ["tok"], weigh, set()),
+                           B=WeightedState({"tok": tb}, ["tok"], weigh, set()))
+    want = torch.zeros(24, 24, dtype=F64)
+    a, b = (ta * scale).T, (tb * scale).T
+    for j in range(0, a.shape[1], 2048):
+        want += (a[:, j:j + 2048] @ b[:, j:j + 2048].T).double()
+    assert torch.equal(solo_cross(prob, "res", ["tok"]), want)
+
+
+def test_angle_cost_by_blocks_equals_the_whole_matrix_formula():
+    from glmc.matching.problem import angle_cost
+
+    g = torch.Generator().manual_seed(0)
+    c = torch.randn(300, 200, generator=g)
+    na = torch.rand(300, generator=g, dtype=F64) * 10 + 10
+    nb = torch.rand(200, generator=g, dtype=F64) * 10 + 10
+    c[0, 0] = float(na[0] * nb[0])  # cos = 1: clamped at 0
+    want = (c.double() / (na[:, None] * nb[None])).mul_(-2).add_(2).clamp_(min=0).sqrt_().neg_()
+    assert torch.equal(angle_cost(c, na, nb, block=1000), want)
+
+
+def test_workspace_buffers_are_kept_only_by_threads_that_enable_them():
+    import threading
+
+    from glmc.matching import workspace
+
+    def fresh_twice() -> list[bool]:
+        x = workspace.buffer("k", (3, 4), torch.float64)
+        y = workspace.buffer("k", (3, 4), torch.float64)
+        owned = workspace.owned(x.view(3, 4))
+        z = workspace.buffer("k", (4, 4), torch.float64)
+        return [x is y, owned, workspace.owned(z), x is z]
+
+    out = {}
+
+    def worker(name: str, enable: bool) -> None:
+        if enable:
+            workspace.enable()
+        out[name] = fresh_twice()
+
+    for name, enable in (("kept", True), ("plain", False)):
+        t = threading.Thread(target=worker, args=(name, enable))
+        t.start()
+        t.join()
+    assert out["kept"] == [True, True, True, False]  # (a new shape replaces the buffer)
+    assert out["plain"] == [False, False, False, False]
+
+
+def test_assignment_on_a_worker_buffer_negates_it_in_place_and_back():
+    """The solver's input is the buffer negated in place; afterwards it holds the costs
+    again, and the answer is the copying path's. NaN and ±inf are refused either way."""
+    import threading
+
+    from glmc.matching import workspace
+
+    g = torch.Generator().manual_seed(0)
+    m = torch.randn(40, 40, generator=g, dtype=F64)
+    want = assignment(m)
+    out = {}
+
+    def worker() -> None:
+        workspace.enable()
+        buf = workspace.buffer("cost", (40, 40), F64)
+        buf.copy_(m)
+        out["perm"] = assignment(buf)
+        out["kept"] = torch.equal(buf, m)
+        errors = []
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            buf.copy_(m)
+            buf[3, 5] = bad
+            try:
+                assignment(buf)
+            except ValueError:
+                errors.append(bad)
+        out["errors"] = len(errors)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert torch.equal(out["perm"], want) and out["kept"] and out["errors"] == 3
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="NaN or infinity"):
+            assignment(torch.where(torch.eye(40, dtype=torch.bool), bad, m))
+
+
+def test_weight_matching_with_and_without_kept_buffers_is_bit_identical(h, monkeypatch):
+    """Reused buffers, shared residual steps and released memory change no number."""
+    from glmc.matching import workspace
+
+    a, b = (h.make_tiny("gpt2", n_layer=2, d=48, n_head=4, seed=s,
+                        dtype=torch.float32).canonical() for s in (0, 3))
+    runs = [weight_matching(a, b, WeightMatchingOptions(max_iter=4))]
+    monkeypatch.setattr(workspace, "enable", lambda: None)
+    monkeypatch.setattr(workspace, "release_freed", lambda: None)
+    runs.append(weight_matching(a, b, WeightMatchingOptions(max_iter=4)))
+    kept, plain = runs
+    assert [r["distance"] for r in kept.trace] == [r["distance"] for r in plain.trace]
+    for space, e in kept.transform.elements.items():
+        x, y = e.tensors(), plain.transform.elements[space].tensors()
+        assert all(torch.equal(x[k], y[k]) for k in x), space

@@ -409,6 +409,11 @@ def _chosen(cross: torch.Tensor, grouped: bool, order: torch.Tensor | None) -> t
     return picked[:, :, :, 0].sum(2)
 
 
+def _gram(t: torch.Tensor) -> torch.Tensor:
+    """Each item's Gram matrix (n, k, k) of its stacked rows ``t`` (n, k, r, columns)."""
+    return torch.einsum("ikrc,ilrc->ikl", t, t)
+
+
 def head_costs(prob: Any, hu: HeadUnit, bt: StateDict) -> HeadCosts:
     """Every pair's order, maps and distance left, for B's tensors ``bt`` (every space but
     this unit's and its nested ones applied)."""
@@ -422,7 +427,9 @@ def head_costs(prob: Any, hu: HeadUnit, bt: StateDict) -> HeadCosts:
         sx = torch.einsum("ikrc,jlsc->ijrskl", xa, xb)
         sy = torch.einsum("ikrc,jlsc->ijrskl", ya, yb)
         sides[bd.space] = (sx, sy, gx, gy)
-        grams[bd.space] = tuple(torch.einsum("ikrc,ilrc->ikl", t, t) for t in (xa, ya, xb, yb))
+        # (A's Grams once: A never moves)
+        gxa, gya = prob.memo(f"grams:{bd.space}", lambda xa=xa, ya=ya: (_gram(xa), _gram(ya)))
+        grams[bd.space] = (gxa, gya, _gram(xb), _gram(yb))
     order = _order(prob, hu, sides)
     maps, stats, total = {}, {}, torch.zeros(hu.n, hu.n, dtype=torch.float64)
     for bd in hu.bundles:

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 
 from glmc.errors import GlmcError
+from glmc.matching import workspace
 from glmc.matching.heads import HeadUnit, Proposal, balancing, head_unit, propose_heads
 from glmc.matching.options import WEIGHTINGS, WeightMatchingOptions
 from glmc.matching.steps import solve
 from glmc.model import CanonicalModel, check_pair
+from glmc.symmetry.elements import Permutation
 from glmc.symmetry.groups import (
     Element,
     Group,
@@ -64,14 +67,15 @@ def tensor_weights(spec: SymmetrySpec, state: StateDict, scheme: str,
 
 
 def cross_sum(pairs: list[tuple[torch.Tensor, torch.Tensor]],
-              scales: list[float] | None = None) -> torch.Tensor:
+              scales: list[float] | None = None,
+              out: torch.Tensor | None = None) -> torch.Tensor:
     """Σ s·a·bᵀ over the pairs (each (n, ·) and (m, ·)): accumulated in place, never
-    concatenated (a concatenation would copy every operand, transposed ones included)."""
-    out = None
+    concatenated (a concatenation would copy every operand, transposed ones included);
+    ``out``: an (n, m) tensor to write it into."""
     for i, (a, b) in enumerate(pairs):
         s = 1.0 if scales is None else scales[i]
-        if out is None:
-            out = a @ b.T
+        if i == 0:
+            out = a @ b.T if out is None else torch.matmul(a, b.T, out=out)
             if s != 1.0:
                 out.mul_(s)
         else:
@@ -114,44 +118,94 @@ def effective_groups(spec: SymmetrySpec, residual: str, inner: str,
     return out
 
 
+class WeightedState(Mapping[str, torch.Tensor]):
+    """One model's tensors as the distance weighs them: √w_t·X_t, rows outside a row mask
+    zeroed. Those in ``held`` are made once and kept; the others are made again at each
+    read, or block by block of rows (B's, and the tensors only the residual stream touches,
+    are read a few times at the start: kept, they would cost a copy of the models for the
+    whole run)."""
+
+    def __init__(self, state: StateDict, names: list[str],
+                 weigh: Callable[[str, torch.Tensor, slice | None], torch.Tensor],
+                 held: set[str]) -> None:
+        self._state, self._weigh = state, weigh
+        self._names = dict.fromkeys(names)  # (ordered)
+        self._held = {n: weigh(n, state[n], None) for n in names if n in held}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        t = self._held.get(name)
+        if t is not None:
+            return t
+        if name not in self._names:
+            raise KeyError(name)
+        return self._weigh(name, self._state[name], None)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def pop(self, name: str, default: object = None) -> object:
+        """Forget ``name`` (its kept copy is freed)."""
+        self._names.pop(name, None)
+        return self._held.pop(name, default)
+
+    def shape(self, name: str) -> torch.Size:
+        return self._state[name].shape
+
+    def rows(self, name: str, size: int) -> Iterator[torch.Tensor]:
+        """The weighted tensor ``name`` in blocks of ``size`` rows (of its first axis)."""
+        t, held = self._state[name], self._held.get(name)
+        for i in range(0, t.shape[0], size):
+            s = slice(i, i + size)
+            yield held[s] if held is not None else self._weigh(name, t[s], s)
+
+    def sq_norm(self, name: str, block: int = 1 << 22) -> float:
+        """‖√w_t·X_t‖² summed in float64; a tensor of more than ``block`` entries (an
+        embedding table) in blocks of rows, so that neither its weighted nor its float64
+        copy is made whole (a 50k x 768 table's would take 150 and 300 MB)."""
+        t = self._state[name]
+        if t.numel() <= block or t.dim() == 0:
+            return float(self[name].double().pow(2).sum())
+        size = max(1, block // max(1, t[0].numel()))
+        return sum(float(c.double().pow_(2).sum()) for c in self.rows(name, size))
+
+
 class Problem:
-    """Weighted A and B (each tensor times √w_t), the spec's units, and the distance's terms."""
+    """Weighted A and B (each tensor times √w_t: :class:`WeightedState`, A's copies kept for
+    the tensors the steps read, B's made when read), the spec's units, and the distance's
+    terms."""
 
     def __init__(self, a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions,
                  only: set[str] | None = None):
-        """``only``: weighted copies of these tensors alone (a caller that reads no others
-        saves their memory; the distance and its scale then cover these only)."""
+        """``only``: these tensors alone (a caller that reads no others saves their
+        memory and time; the distance and its scale then cover these only)."""
         spec = a.spec.weights_only()  # (statistics move with their units, unweighed)
         self.spec, self.opts = spec, opts
         self.w = tensor_weights(spec, a.state, opts.weighting, opts.row_masks,
                                 opts.bias_weight)
-        self.A: StateDict = {}
-        self.B: StateDict = {}
-        for name in spec.axes:
-            if only is not None and name not in only:
-                continue
-            sa, sb = a.state[name], b.state[name]
-            if name in opts.row_masks:
-                axis, mask = opts.row_masks[name]
-                shape = [1] * sa.dim()
-                shape[axis] = -1
-                m = mask.reshape(shape).to(sa.dtype)
-                sa, sb = sa * m, sb * m
-            scale = self.w[name] ** 0.5
-            if scale != 1.0:
-                sa, sb = sa * scale, sb * scale
-            self.A[name], self.B[name] = sa, sb
+        names = [n for n in spec.axes if only is None or n in only]
+        stream = stream_space(spec)
+        # A's weighted copies are read by every step, except those of the tensors only the
+        # stream touches (folded into one constant at the start); B's only at the start.
+        solo = {n for n in names if stream is not None and spec.spaces_of(n) == {stream}}
+        self.A = WeightedState(a.state, names, self._weigh, set(names) - solo)
+        self.B = WeightedState(b.state, names, self._weigh, set())
         # ‖A_t‖², ‖B_t‖² (weighted): a tensor moved by permutations and orthogonal maps keeps
         # its norm, so its distance term is ‖A‖² + ‖B‖² − 2⟨A, π(B)⟩.
-        self.sq_a = {n: float(t.double().pow(2).sum()) for n, t in self.A.items()}
-        self.sq_b = {n: float(t.double().pow(2).sum()) for n, t in self.B.items()}
+        self.sq_a = {n: self.A.sq_norm(n) for n in names}
+        self.sq_b = {n: self.B.sq_norm(n) for n in names}
         self.dtype = a.state[next(iter(spec.axes))].dtype
         self._balance: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._memo: dict[str, Any] = {}
         self._unit_norms: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         #: The group each space is matched in (the ablations restrict the model's own).
         self.groups = effective_groups(spec, opts.residual, opts.inner or "invertible",
                                        bool(opts.fix_ones))
-        stream = stream_space(spec)
         #: The residual space the descent solves (None: none, or residual "none")
         self.stream = stream if opts.residual != "none" else None
         nested = {s for c in spec.chains() for s in c.spaces[:-1]}
@@ -208,6 +262,19 @@ class Problem:
             self.A.pop(n, None)
             self.B.pop(n, None)
 
+    def _weigh(self, name: str, t: torch.Tensor, rows: slice | None) -> torch.Tensor:
+        """``t`` as the distance weighs it (masked rows zeroed, times √w_t); ``rows``: the
+        rows of tensor ``name`` that ``t`` holds (None: all)."""
+        if name in self.opts.row_masks:
+            axis, mask = self.opts.row_masks[name]
+            if rows is not None and axis == 0:
+                mask = mask[rows]
+            shape = [1] * t.dim()
+            shape[axis] = -1
+            t = t * mask.reshape(shape).to(t.dtype)
+        scale = self.w[name] ** 0.5
+        return t * scale if scale != 1.0 else t
+
     def term_names(self, space: str) -> set[str]:
         """The tensors that ``space`` (or the inner spaces nested in it) touches."""
         return {n for s in [space, *self.inner_of.get(space, [])]
@@ -216,7 +283,9 @@ class Problem:
     def apply(self, elements: dict[str, Element], exclude: set[str],
               names: list[str] | None = None) -> StateDict:
         """B with every element applied except those of the spaces in ``exclude``."""
-        use = {k: e for k, e in elements.items() if k not in exclude}
+        # (identity permutations would only copy: the start's are most of the elements)
+        use = {k: e for k, e in elements.items() if k not in exclude
+               and not (isinstance(e, Permutation) and e.is_identity())}
         return {n: apply_axes(self.B[n], self.spec.axes[n], use)
                 for n in (names if names is not None else self.spec.axes)}
 
@@ -249,6 +318,13 @@ class Problem:
             self._unit_norms[space] = (out[0], out[1])
         return self._unit_norms[space]
 
+    def memo(self, key: str, make: Callable[[], Any]) -> Any:
+        """``make()``, made once per ``key`` (for what depends on A alone, which never
+        moves; units on several threads ask for their own keys)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
     def balance(self, space: str, st) -> tuple[torch.Tensor, torch.Tensor]:
         """The balancing maps (n, k, k) of A's and of B's own heads in ``space``, from the
         pair statistics ``st`` the first time (orthogonal maps of the residual stream and the
@@ -269,6 +345,7 @@ def cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict,
     Where the space acts on a tensor twice (a circuit-form attention weight) the term is
     quadratic: it is linearised at the current element, applied on the other axis.
     ``unweighted``: the models' own entries (the units' costs), not the weighted ones.
+    Written into the calling worker's buffer (:mod:`glmc.matching.workspace`).
     """
     counts: dict[str, int] = defaultdict(int)
     for n, _, _ in prob.spec.occurrences(space):
@@ -282,7 +359,26 @@ def cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict,
             b = apply_axes(b, prob.spec.axes[n], {space: el[space]}, skip={(axis, space)})
         pairs.append((axis_first(prob.A[n], axis), axis_first(b, axis)))
         scales.append(prob.raw(n) ** 2 if unweighted else 1.0)
-    return cross_sum(pairs, scales)
+    if not pairs:
+        return None  # type: ignore[return-value]
+    shape = (pairs[0][0].shape[0], pairs[0][1].shape[0])
+    dtype = torch.promote_types(pairs[0][0].dtype, pairs[0][1].dtype)
+    return cross_sum(pairs, scales, out=workspace.buffer("cross", shape, dtype))
+
+
+def angle_cost(c: torch.Tensor, na: torch.Tensor, nb: torch.Tensor,
+               block: int = 1 << 17) -> torch.Tensor:
+    """−‖â_i − b̂_j‖ = −√(2 − 2 cos) (n, m) in float64 for cos = c / (na_i·nb_j), c (n, m)
+    and the norms (n,), (m,). Written block by block of rows into the calling worker's
+    buffer (each block's arithmetic stays in cache, and no n × m temporary is made)."""
+    out = workspace.buffer("cost", tuple(c.shape), torch.float64)
+    rows = max(1, block // max(1, c.shape[1]))
+    for i in range(0, c.shape[0], rows):
+        o = out[i:i + rows]
+        o.copy_(c[i:i + rows])
+        o.div_(na[i:i + rows, None] * nb[None])
+        o.mul_(-2).add_(2).clamp_(min=0).sqrt_().neg_()
+    return out
 
 
 def propose_permutation(prob: Problem, space: str, el: dict[str, Element],
@@ -290,10 +386,9 @@ def propose_permutation(prob: Problem, space: str, el: dict[str, Element],
     """Units assigned by the angle between their vectors (or by the squared distance)."""
     if prob.opts.unit_cost == "distance":
         cost = cross(prob, space, el, bt)
-    else:  # −‖â_i − b̂_j‖ = −√(2 − 2 cos), from the unweighted cross-correlation
+    else:  # (from the unweighted cross-correlation)
         na, nb = prob.unit_norms(space)
-        cos = cross(prob, space, el, bt, unweighted=True).double() / (na[:, None] * nb[None])
-        cost = cos.mul_(-2).add_(2).clamp_(min=0).sqrt_().neg_()
+        cost = angle_cost(cross(prob, space, el, bt, unweighted=True), na, nb)
     return Proposal(cost, lambda perm: {space: perm})
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -57,7 +58,7 @@ def spectral_init(prob: Problem, space: str, solo: torch.Tensor) -> Element:
         t = t + torch.full((d, d), 1.0 / d, dtype=torch.float64)
     if not isinstance(prob.stream_group(), OrthogonalGroup):  # (its nearest element)
         return prob.solve_stream(t)
-    return Matrix(t.to(prob.A[next(iter(prob.A))].dtype), True)
+    return Matrix(t.to(prob.dtype), True)
 
 
 class ResidualCache:
@@ -85,17 +86,27 @@ class ResidualCache:
         self.at = dict.fromkeys(counts, t)  # the residual element applied to bt_all[n]
         self.cross: dict[str, torch.Tensor] = {}
         self.recross(list(self.axis))
+        # The steps from a stale map to the current one, shared by the units (most of them
+        # take the same step: a d x d x d product each would repeat it), keyed by the maps'
+        # ids (the maps are held, so the ids stay theirs).
+        self._steps: dict[tuple[int, int], tuple[Element, Element, Element]] = {}
+        self._lock = threading.Lock()
+
+    def step(self, old: Element, t: Element) -> Element:
+        """t·old⁻¹ (computed once per pair of maps; units on several threads ask for it)."""
+        key = (id(old), id(t))
+        with self._lock:
+            hit = self._steps.get(key)
+            if hit is None:
+                hit = self._steps[key] = (old, t, t.compose(old.inverse()))
+        return hit[2]
 
     def refresh(self, names: list[str], el: dict[str, Element]) -> None:
         t = el[self.space]
-        steps: dict[int, Element] = {}  # one step per stale map (most tensors share one)
         for n in names:
             if n in self.at and self.at[n] is not t:
-                old = self.at[n]
-                if id(old) not in steps:
-                    steps[id(old)] = t.compose(old.inverse())
                 self.bt_all[n] = apply_axes(self.bt_all[n], self.prob.spec.axes[n],
-                                            {self.space: steps[id(old)]})
+                                            {self.space: self.step(self.at[n], t)})
                 self.at[n] = t
 
     def recross(self, names: list[str]) -> None:
@@ -164,6 +175,7 @@ class ResidualCache:
         for n in moved:
             if n in self.at:
                 self.at[n] = t
+        self._steps.clear()  # (steps to the old map: no unit asks for them again)
 
 
 def solo_cross(prob: Problem, space: str, names: list[str]) -> torch.Tensor:
@@ -173,7 +185,13 @@ def solo_cross(prob: Problem, space: str, names: list[str]) -> torch.Tensor:
     d = prob.spec.spaces[space].size
     m = torch.zeros(d, d, dtype=torch.float64)
     for n, axis, _ in prob.spec.occurrences(space):
-        if n in names:
+        if n not in names:
+            continue
+        if len(prob.A.shape(n)) == 2 and axis == 1:  # (a table: its rows are the chunks,
+            # weighed as they are read)
+            for a, b in zip(prob.A.rows(n, 2048), prob.B.rows(n, 2048), strict=True):
+                m += (a.T @ b).double()
+        else:
             a, b = axis_first(prob.A[n], axis), axis_first(prob.B[n], axis)
             for j in range(0, a.shape[1], 2048):
                 m += (a[:, j:j + 2048] @ b[:, j:j + 2048].T).double()

@@ -12,11 +12,15 @@ the optimum (the same total; different orders only where two are exactly tied).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
+
+from glmc.matching import workspace
 
 #: Above this size lapx's float32 kernel (``lapjvs``) wins; below it ``lapjvh`` in float64.
 LARGE_ASSIGNMENT = 8192
@@ -46,11 +50,13 @@ def assignment(m: torch.Tensor, current: torch.Tensor | None = None) -> torch.Te
     m = m.detach().cpu()
     if m.dtype not in (torch.float32, torch.float64):
         m = m.double()
+    rowmax = None
     if current is not None:
+        rowmax = m.amax(1)
         picked = m[torch.arange(m.shape[0]), current]
-        if bool((picked >= m.max(1).values).all()):
+        if bool((picked >= rowmax).all()):
             return current.clone()
-    if not bool(torch.isfinite(m).all()):
+    if not _finite(m, rowmax):
         raise ValueError("the assignment's costs hold NaN or infinity")
     n = m.shape[0]
     if _LAP is not None and n > 1:
@@ -58,16 +64,41 @@ def assignment(m: torch.Tensor, current: torch.Tensor | None = None) -> torch.Te
             _, rows, cols = _LAP.lapjvs(np.negative(m.numpy(), dtype=np.float32),
                                         return_cost=True)
         else:
-            _, rows, cols = _LAP.lapjvh(np.negative(m.numpy(), dtype=np.float64),
-                                        return_cost=True)
+            with _negated(m) as cost:
+                _, rows, cols = _LAP.lapjvh(cost, return_cost=True)
         perm = np.empty(n, dtype=np.int64)
         perm[np.asarray(rows, dtype=np.int64)] = np.asarray(cols, dtype=np.int64)
         return torch.from_numpy(perm)
-    # The minimisation of -m, negated in the one pass that converts it to float64 (scipy's
-    # maximize=True would copy the matrix once more: a third of the solve at n = 3072).
-    cost = np.negative(m.numpy(), dtype=np.float64)
-    _, cols = linear_sum_assignment(cost)
+    # The minimisation of -m (scipy's maximize=True would copy the matrix once more: a third
+    # of the solve at n = 3072).
+    with _negated(m) as cost:
+        _, cols = linear_sum_assignment(cost)
     return torch.from_numpy(np.asarray(cols, dtype=np.int64))
+
+
+def _finite(m: torch.Tensor, rowmax: torch.Tensor | None) -> bool:
+    """Whether every entry of m is finite, from its row extremes (NaN and ±inf reach them;
+    two passes that allocate nothing large, where ``isfinite`` writes an n × n mask)."""
+    if m.numel() == 0:
+        return True
+    rowmax = m.amax(1) if rowmax is None else rowmax
+    return bool(torch.isfinite(rowmax).all()) and bool(torch.isfinite(m.amin(1)).all())
+
+
+@contextmanager
+def _negated(m: torch.Tensor) -> Iterator[np.ndarray]:
+    """-m in float64 as a C-contiguous array: negated in place (and back afterwards) when m
+    is a float64 buffer of the calling worker's (:mod:`glmc.matching.workspace`), else a
+    copy (a fresh 75 MB array at n = 3072 costs more in page faults than its arithmetic)."""
+    if m.dtype == torch.float64 and m.is_contiguous() and workspace.owned(m):
+        a = m.numpy()
+        np.negative(a, out=a)
+        try:
+            yield a
+        finally:
+            np.negative(a, out=a)
+    else:
+        yield np.negative(m.numpy(), dtype=np.float64)
 
 
 def polar(m: torch.Tensor) -> torch.Tensor:

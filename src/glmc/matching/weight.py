@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from glmc.matching import workspace
 from glmc.matching.heads import propose_heads
 from glmc.matching.problem import (
     UNIT_STEPS,
@@ -166,8 +167,11 @@ def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
     new = prop.finish(solution)
     own = prob.term_names(unit)
     before = prob.terms({n: bt_all[n] for n in names}, own)
-    moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
-    terms = prob.terms(moved, own)
+    if len(mine) == 1 and same_element(new[unit], el[unit]):  # (moved back: bt_all itself)
+        moved, terms = {n: bt_all[n] for n in names}, dict(before)
+    else:
+        moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
+        terms = prob.terms(moved, own)
     # The proposal's cost is not the distance itself (the angle between units, the heads'
     # balanced maps): a step is taken only if the distance does not rise, so the descent
     # never goes up. Rejected, a unit with nested spaces still takes their maps for its
@@ -187,6 +191,13 @@ def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
         cross = cache.permuted(moved, unit, el[unit], new[unit])
     return UnitStep(unit, names, same, new, moved, terms, cross, time.perf_counter() - t0,
                     rejected=rejected)
+
+
+def _solve_unit_released(*args) -> UnitStep:
+    """:func:`solve_unit`, then what it freed handed back (see ``workspace.release_freed``)."""
+    step = solve_unit(*args)
+    workspace.release_freed()
+    return step
 
 
 def _lowers(terms: dict[str, float], before: dict[str, float]) -> bool:
@@ -210,7 +221,7 @@ def solved_in_order(pool: ThreadPoolExecutor, depth: int, prob: Problem,
     (each holds an n x n cost while it runs; depth 1: each sees the steps taken before)."""
     pending: list[Future] = []
     for unit in due:
-        pending.append(pool.submit(solve_unit, prob, cache, unit, el, bt_all))
+        pending.append(pool.submit(_solve_unit_released, prob, cache, unit, el, bt_all))
         if len(pending) >= depth:
             yield pending.pop(0).result()
     for future in pending:
@@ -232,6 +243,12 @@ def unit_workers(prob: Problem, threads: int) -> tuple[int, int]:
     return workers, workers + 1
 
 
+def _worker_start() -> None:
+    """A unit worker: single-threaded, keeping its n x n buffers from one unit to the next."""
+    torch.set_num_threads(1)
+    workspace.enable()
+
+
 class Workers:
     """The pool that solves units: several at once, one per core, each single-threaded (an
     assignment is single-threaded anyway, and one product per core uses the cores as well
@@ -240,8 +257,7 @@ class Workers:
     def __init__(self, prob: Problem) -> None:
         self.threads = torch.get_num_threads()
         workers, self.depth = unit_workers(prob, self.threads)
-        self.pool = ThreadPoolExecutor(max_workers=workers, initializer=torch.set_num_threads,
-                                       initargs=(1,))
+        self.pool = ThreadPoolExecutor(max_workers=workers, initializer=_worker_start)
 
     def __enter__(self) -> Workers:
         return self
@@ -339,6 +355,7 @@ class Descent:
             t0 = time.perf_counter()
             residual_kept = not self.step_residual()
             wall["residual"] = time.perf_counter() - t0
+        workspace.release_freed()
         distance = self.distance()
         return {"iteration": it + 1, "distance": distance,
                 "relative": relative(distance, self.scale),
@@ -391,7 +408,9 @@ def weight_matching(
     check_pair(a, b, where)
     if opts.fix_ones is None:
         opts = replace(opts, fix_ones=fixes_ones(a, b))
+    workspace.release_freed()  # (what the caller freed before: loading, say)
     descent = Descent.start(Problem(a, b, opts), a.dtype)
+    workspace.release_freed()
     sweeps = Sweeps(descent.prob.units, opts.tol)  # (inner spaces are solved with their heads)
     trace: list[dict] = []
     converged = False
