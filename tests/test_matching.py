@@ -273,6 +273,17 @@ def test_non_finite_weights_are_rejected_naming_the_tensor(h, arch, who, bad):
         glmc.align(*pair)
 
 
+def test_huge_finite_weights_are_not_taken_for_non_finite(h):
+    """The check sums a tensor first; a sum that overflows must not reject finite entries."""
+    from glmc.model import check_pair
+
+    a = h.make_tiny("gpt2", dtype=torch.float32).canonical()
+    state = {k: v.clone() for k, v in a.state.items()}
+    state["blocks.1.mlp.fc.bias"][:2] = 3e38  # (finite; their float32 sum is inf)
+    assert not torch.isfinite(state["blocks.1.mlp.fc.bias"].sum())
+    check_pair(a, a.with_state(state))
+
+
 def test_bad_options_are_rejected(h):
     a = h.make_tiny("vit").canonical()
     with pytest.raises(GlmcError, match="unknown alignment method"):
