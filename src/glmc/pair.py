@@ -5,14 +5,24 @@ and the stock weights of two Hugging Face folders, the path of vanilla averaging
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from glmc.data import HF_TOKENIZER_FILE, TOKENIZER_FILE
 from glmc.errors import GlmcError
 from glmc.families.importers import Importer
-from glmc.io.folders import LoadedModel, ModelLike, canonical, load_model, name_of
+from glmc.io.folders import (
+    LoadedModel,
+    ModelLike,
+    StoredState,
+    canonical,
+    load_model,
+    name_of,
+)
 from glmc.model import CanonicalModel, check_pair
 from glmc.tensors import StateDict, interpolate
 
@@ -69,14 +79,15 @@ class StockPair:
 
     Attributes:
         importer, hf_config: A's; the averaged model's class and config.
-        a, b: the stock state dicts (same names and shapes).
+        a, b: the stock state dicts (same names and shapes; a folder's read from its files
+            as they are needed, see :class:`glmc.io.folders.StoredState`).
         files: what the averaged model carries (A's tokenizer and generation config).
     """
 
     importer: Importer
     hf_config: Any
-    a: StateDict
-    b: StateDict
+    a: Mapping[str, torch.Tensor]
+    b: Mapping[str, torch.Tensor]
     files: dict[str, str] = field(default_factory=dict)
 
     def state_at(self, alpha: float) -> StateDict:
@@ -136,7 +147,13 @@ def stock_pair(model_a: ModelLike, model_b: ModelLike) -> StockPair:
                         f"{'A' if only[0] in sa else 'B'} only; the stock weights cannot be "
                         "averaged")
     for name in sa:
-        if sa[name].shape != sb[name].shape:
-            raise GlmcError(f"{where}: tensor {name}: shape {list(sa[name].shape)} in A, "
-                            f"{list(sb[name].shape)} in B")
+        shape_a, shape_b = _shape(sa, name), _shape(sb, name)
+        if shape_a != shape_b:
+            raise GlmcError(f"{where}: tensor {name}: shape {list(shape_a)} in A, "
+                            f"{list(shape_b)} in B")
     return StockPair(la.importer, ca, sa, sb, dict(la.canonical.files))
+
+
+def _shape(state: Mapping[str, torch.Tensor], name: str) -> torch.Size:
+    """A tensor's shape, from the headers when ``state`` reads its files on demand."""
+    return (state.meta[name] if isinstance(state, StoredState) else state[name]).shape

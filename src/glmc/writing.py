@@ -39,7 +39,7 @@ def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool
          report: dict | None = None, transform: Transform | None = None,
          stock_state: tuple[Any, StateDict] | None = None,
          certify: Callable[[Path], dict] | None = None, release: bool = False,
-         started: float | None = None) -> dict:
+         started: float | None = None, phases: dict | None = None) -> dict:
     """Write a model folder as the command line does, and return its report.
 
     ``model``: a merged or aligned model (CanonicalModel) or a loaded one. The folder holds
@@ -52,8 +52,11 @@ def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool
     ``path`` is replaced only with ``force``; the location is checked (writable, free space)
     before anything is written, and the write is atomic.
 
-    ``release``: ``model`` (a CanonicalModel the caller no longer needs) is emptied once
-    written, before ``certify`` reads the folder back: the two are never in memory together.
+    ``release``: ``model`` (a CanonicalModel the caller no longer needs) is emptied as it is
+    written (see :func:`glmc.io.folders.write_model`), before ``certify`` reads the folder
+    back: the two are never in memory together. ``phases``: a dict of the phases so far
+    (:func:`glmc.io.folders.phase`), to which writing and certifying are added; written
+    into the report.
     """
     m = canonical(model).to(torch.float32)
     check_output(path, model_bytes(m.n_params()), force=force, option="path",
@@ -64,7 +67,7 @@ def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool
     del model
     return save_folder(path, m, stock=stock, report=report, transform=transform,
                        stock_state=stock_state, certify=certify, release=release,
-                       started=started)
+                       started=started, phases=phases)
 
 
 def model_facts(model: ModelLike, m: CanonicalModel) -> dict[str, Any]:
@@ -97,14 +100,14 @@ def save_certified(model: CanonicalModel, path: str | Path, report: dict,
                    reference: tuple[torch.Tensor, torch.Tensor], *,
                    transform: Transform | None = None, force: bool = False,
                    stock: bool = True, release: bool = False,
-                   started: float | None = None) -> dict:
-    """Write ``model`` (see :func:`save`, also for ``release`` and ``started``) with ``report``
-    plus the certificate that the folder as written computes ``reference`` = (inputs, the
-    logits it must give), taken before the folder takes its name; returns the report. An
-    aligned B must give B's logits, a canonical form its input's."""
+                   started: float | None = None, phases: dict | None = None) -> dict:
+    """Write ``model`` (see :func:`save`, also for ``release``, ``started`` and ``phases``)
+    with ``report`` plus the certificate that the folder as written computes ``reference`` =
+    (inputs, the logits it must give), taken before the folder takes its name; returns the
+    report. An aligned B must give B's logits, a canonical form its input's."""
     return save(model, path, force=force, stock=stock, report=report, transform=transform,
                 certify=lambda folder: certify_folder(folder, *reference), release=release,
-                started=started)
+                started=started, phases=phases)
 
 
 def certify_saved(path: str | Path, report: dict, reference: tuple[torch.Tensor, torch.Tensor],

@@ -36,15 +36,26 @@ if TYPE_CHECKING:  # (torch and the library load when a command runs: --help sta
 
 
 def check_pair_options(args: argparse.Namespace) -> None:
-    """The checks of align and merge that need no torch, before it loads: the option values,
-    and OUT, which must be neither input, and free (or --force), writable and with room for
-    B's size."""
-    from glmc.io.outputs import check_output, model_bytes, stored_params
+    """The checks of align and merge that need no torch, before it loads: the option values;
+    OUT, which must be neither input, and free (or --force), writable and with room for B's
+    size; and the memory the pair needs (estimated from the safetensors headers: both in
+    float32 plus the working set, a merge holding one model more), which must be available
+    (``MemAvailable``)."""
+    from glmc.io.outputs import (
+        MATCHING_COPIES,
+        check_output,
+        check_pair_memory,
+        model_bytes,
+        stored_params,
+    )
 
     check_at_least(args, iters=1)
     learned_options(args, args.out)
     check_output(args.out, model_bytes(stored_params(args.b)), force=args.force,
                  inputs=(args.a, args.b))
+    merging = getattr(args, "alpha", None) is not None  # (glmc merge: the merged model too)
+    check_pair_memory(args.a, args.b, extra_copies=MATCHING_COPIES + merging,
+                      what=f"{args.a} and {args.b}")
 
 
 def load_pair(args: argparse.Namespace,
@@ -60,10 +71,28 @@ def load_pair(args: argparse.Namespace,
     a = load_model(args.a, allow_pickle=args.allow_pickle)
     if not keep_stock:
         a.stock_state = None  # (A is needed in canonical form only)
+    release_memory()
     b = load_model(args.b, allow_pickle=args.allow_pickle)
+    release_memory()
     same_interface(a.canonical.config, b.canonical.config, f"{args.a} vs {args.b}")
     shared_tokenizer(a.canonical, b.canonical, f"{args.a} vs {args.b}")
     return a, b
+
+
+def release_memory() -> None:
+    """Free what reference cycles still hold (a finished matching's problem holds both
+    models' tensors in one) and hand the heap's free memory back to the system (glibc's
+    ``malloc_trim``, where there is one), between the phases of a command on large models:
+    the next phase's peak does not then sit on the last one's leftovers."""
+    import contextlib
+    import ctypes
+    import gc
+    import sys
+
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # (not glibc)
+            ctypes.CDLL(None).malloc_trim(0)
 
 
 @contextmanager
@@ -120,8 +149,9 @@ def drop_checkpoint(args: argparse.Namespace) -> None:
 
 
 def reference_logits(b: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and B's own logits on them (its folder's class, float64), for the certificate
-    (computed up front, so that B's stock weights can be released before the matching)."""
+    """Inputs and B's own logits on them (its folder's class, float64, one block at a time
+    read from B's files), for the certificate (computed up front, so that B's stock weights
+    can be released before the matching)."""
     from glmc.verify import folder_logits, random_inputs
 
     x = random_inputs(b.canonical.config)
@@ -180,23 +210,31 @@ def _run(args: argparse.Namespace) -> int:
 
     from glmc.api import save_certified
     from glmc.distributed import is_main
+    from glmc.io.folders import phase
 
     t0 = time.perf_counter()
+    phases: dict = {}  # (seconds and peak memory of each phase, in the report)
     a, b = load_pair(args)
-    if is_main():
+    clock = phase(phases, "load", t0)
+    if is_main():  # (B's weights read from its files one block at a time, in float64)
         reference = reference_logits(b)
+        clock = phase(phases, "reference", clock)
     b.stock_state = None  # (only B's canonical form is matched, on every rank)
+    release_memory()
     al = run_alignment(args, a, b, args.align)
+    clock = phase(phases, "match", clock)
     if not is_main():
         return 0
     report = al.report() | {"a": str(args.a), "b": str(args.b)}
     lines, aligned, transform = summary(args, al), al.aligned.to(torch.float32), al.transform
     del al, a, b  # (released before OUT is written and read back for the certificate)
-    # (release: the written model is dropped before the temporary folder is certified, so
-    # that it is not in memory beside its read-back copy; OUT takes its name only then)
+    release_memory()
+    # (release: the written model is dropped as it is written, before the temporary folder
+    # is certified, so that it is not in memory beside its read-back copy; OUT takes its
+    # name only then)
     report = save_certified(aligned, args.out, report, reference, transform=transform,
                             force=args.force, stock=not args.no_stock, release=True,
-                            started=t0)
+                            started=t0, phases=phases)
     drop_checkpoint(args)
     print_warnings(report.get("warnings", []))
     ok = report["certificate"]["equal"]

@@ -13,6 +13,8 @@ certificate computed on the folder as written describes what ``from_pretrained``
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,24 +55,77 @@ def as_stored(state: StateDict, dtype: torch.dtype) -> StateDict:
             for k, v in state.items()}
 
 
-def write_glmc(folder: Path, model: Any) -> None:
+#: torch dtypes by their safetensors names (the header's).
+_SAFETENSORS_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+                      torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
+                      torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+                      torch.bool: "BOOL"}
+
+
+def save_tensors(path: str | Path, state: Mapping[str, torch.Tensor],
+                 dtype: torch.dtype | None = None, metadata: dict[str, str] | None = None,
+                 release: bool = False) -> None:
+    """Write ``state`` as one safetensors file, its floating tensors in ``dtype`` (None: as
+    they are), converting and writing one tensor at a time: beyond ``state`` it costs one
+    tensor in ``dtype``, where ``save_file`` holds a converted copy of them all.
+
+    ``release``: ``state`` (a dict) is emptied as it is written, each tensor dropped once on
+    disk (the caller must hold no other reference for the memory to come back).
+
+    The file is what ``safetensors.torch.save_file`` writes (its header, then the tensors
+    in the order of the header's offsets) and reads back with ``load_file``/``safe_open``.
+    """
+    def out_dtype(t: torch.Tensor) -> torch.dtype:
+        return dtype if dtype is not None and t.is_floating_point() else t.dtype
+
+    names = sorted(state)
+    if sys.byteorder != "little" or any(out_dtype(state[n]) not in _SAFETENSORS_NAMES
+                                        for n in names):  # (rare: safetensors' own writer)
+        save_file(as_stored(dict(state), dtype) if dtype is not None else
+                  {k: v.contiguous() for k, v in state.items()}, str(path), metadata=metadata)
+        return
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for n in names:
+        t = state[n]
+        size = t.numel() * out_dtype(t).itemsize
+        header[n] = {"dtype": _SAFETENSORS_NAMES[out_dtype(t)], "shape": list(t.shape),
+                     "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # (the data start 8-byte aligned, as save_file's)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for n in names:
+            t = state[n]
+            data = t.detach().to(out_dtype(t)).contiguous().reshape(-1).view(torch.uint8)
+            f.write(memoryview(data.numpy()))
+            del t, data
+            if release and isinstance(state, dict):
+                del state[n]
+
+
+def write_glmc(folder: Path, model: Any, release: bool = False) -> None:
     """A glmc folder: ``config.json`` (format, family, canonical config) and
-    ``model.safetensors`` in canonical names, in the model's stored dtype."""
+    ``model.safetensors`` in canonical names, in the model's stored dtype (``release``: the
+    model's state emptied as it is written, see :func:`save_tensors`)."""
     cfg = {"glmc_format": GLMC_FORMAT, "family": model.family.name,
            "canonical": model.config.to_json()}
     (Path(folder) / "config.json").write_text(json.dumps(cfg, indent=2))
-    save_file(as_stored(model.state, stored_dtype(model)),
-              str(Path(folder) / "model.safetensors"), metadata={"format": "pt"})
+    save_tensors(Path(folder) / "model.safetensors", model.state, stored_dtype(model),
+                 metadata={"format": "pt"}, release=release)
 
 
 def write_hf(folder: Path, hf_config: Any, state: StateDict,
-             dtype: torch.dtype = torch.float32) -> None:
+             dtype: torch.dtype = torch.float32, release: bool = False) -> None:
     """A Hugging Face folder: ``config.json`` (saying ``dtype``) and ``model.safetensors``
-    (stock names, in ``dtype``)."""
+    (stock names, in ``dtype``, written one tensor at a time; ``release``: ``state`` is
+    emptied as it is written, see :func:`save_tensors`)."""
     hf_config.dtype = dtype
     hf_config.save_pretrained(str(folder))
-    save_file(as_stored(state, dtype), str(Path(folder) / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_tensors(Path(folder) / "model.safetensors", state, dtype, metadata={"format": "pt"},
+                 release=release)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -10,15 +10,16 @@ transformer's (written before families existed).
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 
 from glmc.errors import GlmcError, reason
 from glmc.families.base import check_shapes, module_shapes
@@ -48,23 +49,49 @@ TRAIN_FILE = "glmc_train.json"
 
 @dataclass
 class LoadedModel:
-    """A model read from a folder, in canonical form (and in stock form for HF folders)."""
+    """A model read from a folder, in canonical form (and in stock form for HF folders).
+
+    ``stock_state`` (HF folders): the stock tensors, read from the folder's safetensors files
+    when a tensor is asked for (see :class:`StoredState`: it holds no tensor, so keeping it
+    costs nothing; a folder changed on disk since is an error when read), or a plain dict
+    (a pickle checkpoint, read whole).
+    """
 
     path: Path
     canonical: CanonicalModel
     importer: Importer | None = None  # None for a glmc folder
     hf_config: Any = None
-    stock_state: StateDict | None = None
+    stock_state: Mapping[str, torch.Tensor] | None = None
 
     @property
     def kind(self) -> str:
         return "glmc" if self.importer is None else "hf"
 
     def stock_module(self, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
+        """The stock module with every weight in ``dtype`` (a whole copy of the model: the
+        certificates use :func:`glmc.verify.folder_logits`, which holds one layer at a
+        time)."""
         assert self.importer is not None and self.stock_state is not None
         m = self.importer.stock_model(self.hf_config).to(dtype)
-        m.load_state_dict(self.stock_state, strict=False)  # (copy_ casts: no float64 copy)
+        m.load_state_dict(dict(self.stock_state), strict=False)  # (copy_ casts)
         return m
+
+
+@dataclass
+class StoredModel:
+    """A model folder as stored, its tensors not read (:func:`open_model`): what a
+    certificate of the folder computes from, one layer at a time.
+
+    ``config``: the canonical config (glmc folder) or the stock one (``importer`` not None);
+    ``state``: the tensors under the names the module reads (canonical, or the stock
+    class's), float32 when read; ``dtype``: the name of the dtype they are stored in.
+    """
+
+    path: Path
+    config: Any
+    state: Mapping[str, torch.Tensor]
+    dtype: str
+    importer: Importer | None = None
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -93,30 +120,169 @@ def _json_kind(value: Any) -> str:
     return next(name for kind, name in kinds if isinstance(value, kind))
 
 
-def _read_safetensors(path: Path) -> StateDict:
+#: safetensors' dtype names (the header's) as torch dtypes.
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int]:
+    """What tells that a file was replaced or rewritten: its inode, size and mtime."""
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class StoredState(Mapping[str, torch.Tensor]):
+    """Tensors of safetensors files read when asked for: each file is memory-mapped
+    (``safe_open``) only while one of its tensors is read, the tensor is checked (finite)
+    and copied out in ``dtype`` (None: the stored one), and nothing is kept. A model read
+    through it (:func:`load_model`) costs what its reader keeps, in float32, plus one tensor.
+
+    ``meta``: every tensor's shape and stored dtype (tensors on the meta device, from the
+    headers: no data). ``where`` names the folder in messages. A file that changed on disk
+    since it was opened is an error when read (the state would mix two models).
+    """
+
+    def __init__(self, where: Path, entries: dict[str, tuple[Path, str]],
+                 meta: dict[str, torch.Tensor], dtype: torch.dtype | None = torch.float32,
+                 stamps: dict[Path, tuple[int, int, int]] | None = None) -> None:
+        self.where, self.dtype = where, dtype
+        self._entries, self.meta = entries, meta
+        self._stamps = stamps if stamps is not None else {
+            f: _file_stamp(f) for f in {path for path, _ in entries.values()}}
+
+    @classmethod
+    def open(cls, where: Path, files: list[Path],
+             dtype: torch.dtype | None = torch.float32) -> StoredState:
+        """The tensors of ``files`` (a later file's tensor of a name wins), from their
+        headers alone; a GlmcError naming a file that is not safetensors."""
+        entries: dict[str, tuple[Path, str]] = {}
+        meta: dict[str, torch.Tensor] = {}
+        stamps = {}
+        for path in files:
+            try:
+                stamps[path] = _file_stamp(path)
+                with safe_open(str(path), framework="pt") as f:
+                    for name in f.keys():  # noqa: SIM118 - (safe_open is no dict)
+                        part = f.get_slice(name)
+                        kind = part.get_dtype()
+                        if kind not in SAFETENSORS_DTYPES:
+                            raise GlmcError(f"{where}: tensor {name} has dtype {kind.lower()} "
+                                            f"(shape {list(part.get_shape())}); model weights "
+                                            "must be floating point")
+                        meta[name] = torch.empty(part.get_shape(), device="meta",
+                                                 dtype=SAFETENSORS_DTYPES[kind])
+                        entries[name] = (path, name)
+            except (SafetensorError, OSError, ValueError) as e:
+                raise GlmcError(f"{path}: cannot read safetensors file ({e})") from None
+        return cls(where, entries, meta, dtype, stamps)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.read(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def read(self, key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Tensor ``key`` read from its file, in ``dtype`` (default: the state's), a copy
+        that owns its memory (never a view of the mapped file)."""
+        path, stored = self._entries[key]
+        if _file_stamp_or_none(path) != self._stamps[path]:
+            raise GlmcError(f"{path}: changed on disk since {self.where} was loaded; load it "
+                            "again")
+        dtype = dtype or self.dtype
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                t = f.get_tensor(stored)
+                floating = t.is_floating_point()
+                t = t.to(dtype if dtype is not None and floating else t.dtype, copy=True)
+        except (SafetensorError, OSError) as e:
+            raise GlmcError(f"{path}: cannot read safetensors file ({e})") from None
+        if floating and not all_finite(t):  # (a float64 or float16 overflow included)
+            raise GlmcError(f"{self.where}: tensor {key} contains NaN or Inf")
+        return t
+
+    def renamed(self, names: dict[str, str]) -> StoredState:
+        """The same files with tensor ``old`` read as ``new``, for each ``new: old`` (the
+        others left out)."""
+        return StoredState(self.where, {new: self._entries[old] for new, old in names.items()},
+                           {new: self.meta[old] for new, old in names.items()}, self.dtype,
+                           self._stamps)
+
+    def materialize(self) -> StateDict:
+        """Every tensor, read (in the state's dtype)."""
+        return {k: self.read(k) for k in self._entries}
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """No NaN or Inf in ``t`` (a floating tensor), without a temporary of its size: its min
+    and max are finite (both are NaN when one entry is)."""
+    return t.numel() == 0 or all(bool(torch.isfinite(v)) for v in torch.aminmax(t))
+
+
+def _file_stamp_or_none(path: Path) -> tuple[int, int, int] | None:
     try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise GlmcError(f"{path}: cannot read safetensors file ({e})") from None
+        return _file_stamp(path)
+    except OSError:
+        return None
+
+
+def _read_safetensors(path: Path) -> StateDict:
+    """Every tensor of one safetensors file, in its stored dtype."""
+    return StoredState.open(path, [path], dtype=None).materialize()
+
+
+def weight_files(folder: Path) -> list[Path] | None:
+    """The safetensors files of ``folder``: ``model.safetensors``, or the shards its
+    ``model.safetensors.index.json`` names (each checked to exist); None when it has
+    neither."""
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if not index.is_file():
+        return None
+    weight_map = _read_json(index).get("weight_map", {})
+    if not isinstance(weight_map, dict):
+        raise GlmcError(f"{index}: 'weight_map' is not a JSON object")
+    files = []
+    for f in sorted(set(weight_map.values())):
+        if not isinstance(f, str) or not (folder / f).is_file():
+            raise GlmcError(f"{folder / str(f)}: shard named in {index.name} is missing")
+        files.append(folder / f)
+    return files
+
+
+def stored_state(folder: Path, allow_pickle: bool = False,
+                 dtype: torch.dtype | None = torch.float32) -> StoredState | StateDict:
+    """The tensors stored in ``folder``: a :class:`StoredState` over its safetensors file or
+    shards (nothing read yet; each tensor read in ``dtype``, None: as stored), or, for a
+    pickle checkpoint (on request), the dict it holds, as stored."""
+    files = weight_files(folder)
+    if files is not None:
+        return StoredState.open(folder, files, dtype)
+    pickled = folder / "pytorch_model.bin"
+    if pickled.is_file():
+        state = _read_pickle(pickled, allow_pickle)
+        if not isinstance(state, dict):
+            raise GlmcError(f"{pickled}: not a state dict (a dict of tensor names to tensors)")
+        return state
+    raise GlmcError(f"{folder}: no model.safetensors (or sharded index) in the folder")
 
 
 def read_weights(folder: Path, allow_pickle: bool = False) -> StateDict:
-    """The state dict stored in ``folder`` (single or sharded safetensors; pickle on request)."""
-    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
-    if single.is_file():
-        return _read_safetensors(single)
-    if index.is_file():
-        files = sorted(set(_read_json(index).get("weight_map", {}).values()))
-        state: StateDict = {}
-        for f in files:
-            if not (folder / f).is_file():
-                raise GlmcError(f"{folder / f}: shard named in {index.name} is missing")
-            state |= _read_safetensors(folder / f)
-        return state
-    pickled = folder / "pytorch_model.bin"
-    if pickled.is_file():
-        return _read_pickle(pickled, allow_pickle)
-    raise GlmcError(f"{folder}: no model.safetensors (or sharded index) in the folder")
+    """The state dict stored in ``folder`` (single or sharded safetensors; pickle on request),
+    read whole, in the stored dtypes."""
+    state = stored_state(folder, allow_pickle, dtype=None)
+    return state.materialize() if isinstance(state, StoredState) else state
 
 
 def _read_pickle(path: Path, allow_pickle: bool) -> Any:
@@ -155,20 +321,42 @@ def read_state_file(path: str | Path, allow_pickle: bool = False) -> StateDict:
     return data
 
 
-def _check_values(where: Path, state: StateDict) -> None:
-    """Every tensor floating point (an int tensor would be cast silently) and finite."""
-    for name, t in state.items():
+def _check_values(where: Path, state: Mapping[str, torch.Tensor]) -> None:
+    """Every tensor floating point (an int tensor would be cast silently) and finite (the
+    latter only for tensors in memory: a :class:`StoredState` checks each when it reads it,
+    and its ``meta`` is checked here for the dtypes)."""
+    lazy = isinstance(state, StoredState)
+    for name, t in (state.meta if lazy else state).items():
         if not t.is_floating_point():
             dtype = str(t.dtype).removeprefix("torch.")
             raise GlmcError(f"{where}: tensor {name} has dtype {dtype} (shape {list(t.shape)}); "
                             "model weights must be floating point")
-        if not bool(torch.isfinite(t).all()):
+        if not lazy and not all_finite(t):
             raise GlmcError(f"{where}: tensor {name} contains NaN or Inf")
 
 
-def load_model(path: str | Path, *, allow_pickle: bool = False,
-               dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Read a HF or glmc model folder and bring it to canonical form (exact rewrite)."""
+def _shapes(state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """What a shape check reads: the headers' meta tensors of a :class:`StoredState`."""
+    return state.meta if isinstance(state, StoredState) else state
+
+
+def _normalized(importer: Importer, state: StoredState | StateDict) -> StoredState | StateDict:
+    """``state`` under the stock model's names (``importer.normalize_keys``), still unread
+    for a :class:`StoredState` (the renaming is worked out on its meta tensors; an importer
+    that makes new tensors there has the state read whole first)."""
+    if not isinstance(state, StoredState):
+        return importer.normalize_keys(state)
+    renamed = importer.normalize_keys(dict(state.meta))
+    old = {id(t): name for name, t in state.meta.items()}
+    if all(id(t) in old for t in renamed.values()):
+        return state.renamed({new: old[id(t)] for new, t in renamed.items()})
+    return importer.normalize_keys(state.materialize())  # pragma: no cover - no such importer
+
+
+def open_model(path: str | Path, *, allow_pickle: bool = False,
+               dtype: torch.dtype = torch.float32) -> StoredModel:
+    """A HF or glmc model folder checked (config, tensor names, shapes and dtypes, from the
+    headers) without reading its tensors: see :class:`StoredModel`."""
     folder = Path(path)
     if not folder.exists():
         raise GlmcError(f"{folder}: no such file or folder")
@@ -181,18 +369,21 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
     if not cfg_path.is_file():
         raise GlmcError(f"{folder}: not a model folder (config.json is missing)")
     raw = _read_json(cfg_path)
-    state = read_weights(folder, allow_pickle)
+    state = stored_state(folder, allow_pickle, dtype)
     if "glmc_format" in raw:
         family = family_named(str(raw.get("family", "transformer")), str(cfg_path))
         try:
             cfg = family.config_class.from_json(raw["canonical"])
         except (KeyError, TypeError, ValueError) as e:
             raise GlmcError(f"{cfg_path}: invalid glmc config ({e})") from None
-        check_shapes(folder / "model.safetensors", state, module_shapes(lambda: family.build(cfg)))
+        check_shapes(folder / "model.safetensors", _shapes(state),
+                     module_shapes(lambda: family.build(cfg)))
         _check_values(folder, state)
-        _record_dtype(cfg, state)
-        state = {k: v.to(dtype) for k, v in state.items()}
-        return LoadedModel(folder, CanonicalModel(cfg, state, read_side_files(folder)))
+        stored = stored_dtype_of(_shapes(state))
+        _record_dtype(cfg, stored)
+        if not isinstance(state, StoredState):
+            state = {k: v.to(dtype) for k, v in state.items()}
+        return StoredModel(folder, cfg, state, stored)
     model_type = raw.get("model_type")
     if model_type is None:
         raise GlmcError(f"{cfg_path}: no 'model_type' (not a transformers or glmc config)")
@@ -202,15 +393,32 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
         hf_config = importer.config_class().from_dict(raw)
     except Exception as e:  # noqa: BLE001
         raise GlmcError(f"{cfg_path}: invalid {model_type} config ({e})") from None
-    state = importer.normalize_keys(state)
+    state = _normalized(importer, state)
     expected = module_shapes(lambda: importer.stock_model(hf_config))
-    check_shapes(folder, state, expected, optional=importer.optional_keys(hf_config))
+    check_shapes(folder, _shapes(state), expected, optional=importer.optional_keys(hf_config))
     _check_values(folder, state)
-    stored = stored_dtype_of(state)
-    state = {k: v.to(dtype) for k, v in state.items()}
-    canonical = importer.to_canonical(hf_config, state).with_files(read_side_files(folder))
-    _record_dtype(canonical.config, stored)
-    return LoadedModel(folder, canonical, importer, hf_config, state)
+    stored = stored_dtype_of(_shapes(state))
+    if not isinstance(state, StoredState):
+        state = {k: v.to(dtype) for k, v in state.items()}
+    return StoredModel(folder, hf_config, state, stored, importer)
+
+
+def load_model(path: str | Path, *, allow_pickle: bool = False,
+               dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Read a HF or glmc model folder and bring it to canonical form (exact rewrite).
+
+    The tensors are read one at a time from the memory-mapped safetensors files (a sharded
+    checkpoint shard by shard, as its index names them), each converted to ``dtype`` where
+    the rewrite uses it: the model costs its canonical form in ``dtype`` plus one tensor.
+    A HF folder's ``stock_state`` reads the folder again when asked (no copy is kept)."""
+    m = open_model(path, allow_pickle=allow_pickle, dtype=dtype)
+    files = read_side_files(m.path)
+    if m.importer is None:
+        state = m.state.materialize() if isinstance(m.state, StoredState) else m.state
+        return LoadedModel(m.path, CanonicalModel(m.config, state, files))
+    canonical = m.importer.to_canonical(m.config, m.state).with_files(files)
+    _record_dtype(canonical.config, m.dtype)
+    return LoadedModel(m.path, canonical, m.importer, m.config, m.state)
 
 
 def _record_dtype(config: Any, stored: StateDict | str) -> None:
@@ -254,19 +462,32 @@ def name_of(model: Any, default: str) -> str:
 # -- writing ------------------------------------------------------------------------------
 
 
-def write_stock(folder: Path, importer: Importer, model: CanonicalModel) -> None:
-    """Write ``model`` in its stock class, in its stored dtype (raises NotRepresentable)."""
-    write_hf(folder, *importer.to_stock(model), dtype=stored_dtype(model))
+def write_stock(folder: Path, importer: Importer, model: CanonicalModel,
+                release: bool = False) -> None:
+    """Write ``model`` in its stock class, in its stored dtype (raises NotRepresentable).
+
+    ``release``: ``model``'s tensors are dropped once its stock form is made, and those of
+    the stock form as they are written (see :func:`write_model`)."""
+    dtype = stored_dtype(model)
+    hf_config, state = importer.to_stock(model)
+    if release:
+        model.state = {}
+    write_hf(folder, hf_config, state, dtype=dtype, release=release)
 
 
 def write_model(folder: Path, model: CanonicalModel, stock: bool = True,
-                stock_state: tuple[Any, StateDict] | None = None) -> str:
+                stock_state: tuple[Any, StateDict] | None = None,
+                release: bool = False) -> str:
     """Write ``model`` into an existing (temporary) folder: stock when representable, with
     the files it carries (tokenizer, generation config).
 
     ``stock_state``: (hf_config, stock state dict) of ``model``'s function, written as is
     instead of exporting ``model`` when ``stock`` (the vanilla average of ``glmc merge
     --align none``: the stock weights averaged, not their canonical form exported).
+
+    ``release``: ``model`` is handed over: its tensors are dropped as soon as what is
+    written no longer needs them (its state is empty afterwards), so that writing holds at
+    most the model and its stock form at once, never a third copy in the stored dtype.
 
     Returns the format written, "hf" or "glmc", and why not stock in the second case.
     """
@@ -276,18 +497,18 @@ def write_model(folder: Path, model: CanonicalModel, stock: bool = True,
         write_hf(folder, *stock_state, dtype=stored_dtype(model))
         return "hf"
     if model.family.canonical_is_stock:  # (a glmc folder is the family's own format)
-        write_glmc(folder, model)
+        write_glmc(folder, model, release=release)
         return "glmc"
     arch = model.config.source.get("arch")
     if stock and arch:
         try:
-            write_stock(folder, importer_for(arch), model)
+            write_stock(folder, importer_for(arch), model, release=release)
             return "hf"
         except NotRepresentable as e:
             reason = str(e)
     else:
         reason = "stock export not requested"
-    write_glmc(folder, model)
+    write_glmc(folder, model, release=release)
     return f"glmc ({reason})"
 
 
@@ -295,22 +516,26 @@ def save_folder(out: str | Path, model: CanonicalModel, *, stock: bool = True,
                 report: dict | None = None, transform: Any = None,
                 stock_state: tuple[Any, StateDict] | None = None,
                 certify: Callable[[Path], dict] | None = None, release: bool = False,
-                started: float | None = None) -> dict:
+                started: float | None = None, phases: dict | None = None) -> dict:
     """Write ``out`` atomically: the model (see :func:`write_model`, also for
     ``stock_state``), the transform when given, and ``glmc_report.json`` (``report`` plus the
     format written, the ``notes`` of :func:`written_notes`, ``certify(folder)``'s certificate
     of the folder as written, and the ``seconds`` since ``started``, a ``time.perf_counter()``;
     all before the folder takes its name: ``out`` never exists without its certificate).
 
-    ``release``: ``model`` is handed over; its tensors are dropped once written, before
-    ``certify`` reads the folder back, so that the two copies are never in memory together
-    (the caller must hold no other reference to them).
+    ``release``: ``model`` is handed over; its tensors are dropped as they are written (see
+    :func:`write_model`), before ``certify`` reads the folder back, so that the two copies
+    are never in memory together (the caller must hold no other reference to them).
+
+    ``phases``: when given, the ``write`` and ``certify`` phases are added to it (see
+    :func:`phase`) and it is written into the report as ``phases``.
 
     Returns the report written (its ``format``: see :func:`write_model`). A failed write
     (disk full) is a GlmcError and leaves any earlier ``out`` as it was.
     """
+    clock = time.perf_counter()
     with output_errors(out), atomic_dir(out) as tmp:
-        fmt = write_model(tmp, model, stock=stock, stock_state=stock_state)
+        fmt = write_model(tmp, model, stock=stock, stock_state=stock_state, release=release)
         if transform is not None:
             transform.save(tmp / TRANSFORM)
         report = {"format": fmt, **(report or {})}
@@ -320,12 +545,37 @@ def save_folder(out: str | Path, model: CanonicalModel, *, stock: bool = True,
         if release:
             model.state = {}
         del model
+        clock = phase(phases, "write", clock)
         if certify is not None:
             report["certificate"] = certify(tmp)
+            clock = phase(phases, "certify", clock)
+        if phases is not None:
+            report["phases"] = phases
         if started is not None:
             report["seconds"] = round(time.perf_counter() - started, 3)
         write_json(tmp / REPORT, report)
     return report
+
+
+def phase(phases: dict | None, name: str, since: float) -> float:
+    """Record in ``phases`` (when given) that phase ``name`` took the seconds since
+    ``since`` (a ``time.perf_counter()``), with the process's peak resident memory so far
+    (``peak_rss_gb``: the high-water mark at the phase's end, so the phase that raised it is
+    the first to show its value); return the time now."""
+    now = time.perf_counter()
+    if phases is not None:
+        phases[name] = {"seconds": round(now - since, 3), "peak_rss_gb": peak_rss_gb()}
+    return now
+
+
+def peak_rss_gb() -> float | None:
+    """The process's peak resident memory so far, in GB (None where it cannot be read)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak * (1 if sys.platform == "darwin" else 1024) / 1e9, 3)
 
 
 def written_notes(model: CanonicalModel, folder: Path, fmt: str) -> list[str]:

@@ -118,24 +118,108 @@ def stored_params(folder: str | Path) -> int:
     0 when the folder cannot be read this way (loading it reports the real problem).
     """
     folder = Path(folder)
+    if not (folder / "model.safetensors").is_file() and (folder / "pytorch_model.bin").is_file() \
+            and not (folder / "model.safetensors.index.json").is_file():
+        return (folder / "pytorch_model.bin").stat().st_size // BYTES_PER_PARAM
+    shapes = stored_shapes(folder)
+    return sum(math.prod(shape) for shape in shapes.values()) if shapes else 0
+
+
+def stored_shapes(folder: str | Path) -> dict[str, list[int]] | None:
+    """Every tensor's shape in a model folder's safetensors file or shards, from their
+    headers alone (no tensor read); None when the folder cannot be read this way."""
+    folder = Path(folder)
     files = [folder / "model.safetensors"]
     index = folder / "model.safetensors.index.json"
     try:
         if not files[0].is_file() and index.is_file():
             weight_map = json.loads(index.read_text()).get("weight_map", {})
             files = [folder / f for f in sorted(set(weight_map.values()))]
-        if not files[0].is_file() and (folder / "pytorch_model.bin").is_file():
-            return (folder / "pytorch_model.bin").stat().st_size // BYTES_PER_PARAM
-        return sum(_safetensors_params(f) for f in files)
+        if not files or not files[0].is_file():
+            return None
+        shapes: dict[str, list[int]] = {}
+        for f in files:
+            shapes |= _safetensors_shapes(f)
+        return shapes
     except (OSError, ValueError, TypeError, AttributeError, struct.error):
-        return 0
+        return None
 
 
-def _safetensors_params(path: Path) -> int:
+def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
     with path.open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(min(length, 100 << 20)))
-    return sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+    return {k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
+# -- memory ----------------------------------------------------------------------------------
+
+#: What the process needs beside the models: the interpreter, torch and its libraries.
+RUNTIME_BYTES = 600 << 20
+#: Float32 copies of the largest tensor held beside the models (a block cast to float64 for
+#: the certificate, a tensor being converted or written, the matching's matrices).
+LARGEST_TENSOR_COPIES = 4
+#: Float32 copies of B that aligning holds beside A and B, as weight matching stands: B
+#: moved by the starting transform (its descent's start) and B aligned (built while A and B
+#: are held). Measured: a 1.1B-parameter pair passes 18.7 GB; A and B are 8.8 GB of it.
+MATCHING_COPIES = 2
+
+
+def available_memory() -> int | None:
+    """The memory the system can give a new process without swapping, in bytes
+    (``MemAvailable`` in ``/proc/meminfo``); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def pair_memory(a: str | Path, b: str | Path,
+                extra_copies: int = MATCHING_COPIES) -> tuple[int, int] | None:
+    """What aligning model folder B to A holds at its peak, from the safetensors headers
+    alone: (both models in float32, the working set), in bytes; None when a folder's
+    headers cannot be read (loading it reports why).
+
+    The working set: ``extra_copies`` more float32 copies of B (:data:`MATCHING_COPIES`;
+    a merge adds the merged model), :data:`LARGEST_TENSOR_COPIES` copies of the largest
+    tensor and the runtime (:data:`RUNTIME_BYTES`). Loading, the reference logits, writing
+    and certifying hold at most the models and one layer beside them (:mod:`glmc.verify`).
+    """
+    shapes = [stored_shapes(folder) for folder in (a, b)]
+    if any(s is None or not s for s in shapes):
+        return None
+    sizes = [[math.prod(shape) for shape in s.values()] for s in shapes]  # type: ignore[union-attr]
+    pair = BYTES_PER_PARAM * (sum(sizes[0]) + sum(sizes[1]))
+    largest = max(max(s) for s in sizes)
+    working = BYTES_PER_PARAM * (extra_copies * sum(sizes[1])
+                                 + LARGEST_TENSOR_COPIES * largest) + RUNTIME_BYTES
+    return pair, working
+
+
+def check_pair_memory(a: str | Path, b: str | Path, extra_copies: int = MATCHING_COPIES,
+                      what: str = "A and B") -> None:
+    """Refuse, before loading, a pair whose estimate (:func:`pair_memory`) exceeds the
+    memory available (:func:`available_memory`): one GlmcError with the estimate and what
+    would make it fit. Nothing is refused when either cannot be read."""
+    need = pair_memory(a, b, extra_copies)
+    free = available_memory()
+    if need is None or free is None or sum(need) <= free:
+        return
+    pair, working = need
+    raise GlmcError(f"{what} need about {_size(pair)} in float32 plus {_size(working)} of "
+                    f"working set; this machine has {_size(free)} available: free memory, "
+                    f"or use a machine with ≥ {_size_up(pair + working)}")
+
+
+def _size_up(n: int) -> str:
+    """``n`` bytes rounded up to a whole GB (or MB below one GB), for advice."""
+    if n < 10**9:
+        return f"{-(-n // 10**6)} MB"
+    return f"{-(-n // 10**9)} GB"
 
 
 def _occupied(p: Path) -> bool:
