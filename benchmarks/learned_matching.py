@@ -4,8 +4,8 @@ Reports the ratio (the figure to watch; aim under 3x) and where a learned step s
 the hard assignments (Hungarian on every permutation latent, run together on a thread pool),
 building π(θ_B) and θ(λ) from the latents, and the forward/backward.
 
-    python benchmarks/learned_matching.py                  # the paper's GPT-2 shape
-    python benchmarks/learned_matching.py --sizes tiny paper --out benchmarks/results/learned.json
+    python benchmarks/learned_matching.py                  # tiny, the demo's and the paper's
+    python benchmarks/learned_matching.py --sizes demo --threads 1
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-from _common import machine, write_json
+from _common import machine, provenance, write_json
 from torch.func import functional_call
 from transformers import GPT2Config
 
@@ -26,6 +26,7 @@ from glmc.matching.weight import weight_matching
 
 SIZES = {  # n_layer, n_embd, n_head, n_inner, vocab, context, batch
     "tiny": (2, 64, 4, 256, 65, 64, 16),
+    "demo": (3, 128, 4, 512, 65, 64, 32),  # the demo's GPT-2 and its learned-matching batch
     "paper": (6, 256, 4, 1024, 65, 256, 32),
 }
 
@@ -91,16 +92,19 @@ def run(name: str, repeats: int) -> dict:
             "plain_step_s": round(plain, 4), "learned_step_s": round(learned, 4),
             "ratio": round(learned / plain, 2),
             "split": {k: round(v / total, 3) for k, v in parts.items()},
-            "threads": torch.get_num_threads()}
+            **provenance()}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", nargs="+", default=["tiny", "paper"], choices=sorted(SIZES))
+    p.add_argument("--sizes", nargs="+", default=["tiny", "demo", "paper"], choices=list(SIZES))
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default="benchmarks/results/learned_matching.json")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows = []
     for name in args.sizes:
         r = run(name, args.repeats)

@@ -38,6 +38,9 @@ METHODS = ("none", "canonical", "activation", "weight", "weight-perm", "learned"
 #: no inner bases left to map, so its permutation-only ablation is permutations of the residual
 #: stream, MLP units and whole heads alone.
 CIRCUIT = {"weight-perm": "weight-perm-circuit"}
+#: Weight matching with the residual stream permuted instead of rotated, every other space in
+#: its full group (heads' inner maps kept): what earlier tools do to the residual stream.
+RESIDUAL_PERM = {"weight": "weight-residual-perm"}
 TITLES = {
     "none": "vanilla averaging (stock weights)",
     "canonical": "averaging in canonical coordinates",
@@ -47,6 +50,7 @@ TITLES = {
     "learned": "learned matching",
     "learned-perm": "learned matching, permutations only",
     "weight-perm-circuit": "weight matching, permutations only, heads as circuits",
+    "weight-residual-perm": "weight matching, residual stream permuted (other maps kept)",
 }
 OUT = RESULTS / "quality.json"
 PEER = RESULTS / "peer_reference.json"
@@ -96,7 +100,7 @@ def suite() -> list[Pair]:
              _gpt(arch="gpt-neox", n_layer=3, n_embd=128, n_head=4, context=64, steps=1000,
                   batch_size=32, lr=3e-3)),
         Pair("vit-fashion", "ViT Fashion-MNIST (3L, d=128, 4 heads)",
-             _vit(data="fashion-mnist", n_layer=3, n_embd=128, n_head=4, patch_size=4,
+             _vit(data="fashion-mnist", n_layer=3, n_embd=128, n_head=4, patch_size=7,
                   steps=1500, batch_size=64, lr=2e-3)),
     ]
 
@@ -134,6 +138,13 @@ def measure(pair: Pair, cache: Path, methods: list[str]) -> dict:
                 rep = run_barrier(str(a), str(b), pair.train.data, methods=[method],
                                   options=AlignOptions(heads="circuit"), progress=progress)
                 measured[name] = rep.methods[method]
+    if pair.train.arch in ("llama", "gpt-neox"):
+        for method, name in RESIDUAL_PERM.items():
+            if method in methods:
+                rep = run_barrier(str(a), str(b), pair.train.data, methods=[method],
+                                  options=AlignOptions(residual="permutation"),
+                                  progress=progress)
+                measured[name] = rep.methods[method]
     run = provenance()
     row: dict = {"title": pair.title, "data": pair.train.data, "models": [str(a), str(b)],
                  "train": dataclasses.asdict(pair.train), "eval_count": report.count,
@@ -162,8 +173,8 @@ def table(results: dict, peer: dict) -> str:
     """Rows: methods (the paper's code beside glmc's); columns: pairs; cells: test-loss
     barrier and, in brackets, its ratio to vanilla averaging of the same pair."""
     keys = [p.key for p in suite() if p.key in results.get("pairs", {})]
-    order = ("none", "canonical", "activation", "weight", "weight-perm", *CIRCUIT.values(),
-             "learned", "learned-perm")
+    order = ("none", "canonical", "activation", "weight", *RESIDUAL_PERM.values(), "weight-perm",
+             *CIRCUIT.values(), "learned", "learned-perm")
     rows = [("glmc", m) for m in order] + [("peer", m) for m in ("orthogonal-exact",
                                                                  "orthogonal", "perm-exact")]
     titles = {"orthogonal-exact": "paper's code: weight matching",
