@@ -4,7 +4,8 @@ reset and REPAIR, and the speed of weight matching on a 4x-wide ResNet-20.
 Pairs are trained once with ``glmc train``'s library (seeds 0 and 1, the same data split) and
 cached. Every barrier is the library's ``run_barrier`` on the whole test split, 11 points:
 
-- ``mlp-mnist``: MLP 3x512 on MNIST 5k; vanilla, weight and activation matching;
+- ``mlp-mnist``: MLP 3x512 on MNIST 5k; vanilla, weight and activation matching (Git
+  Re-Basin's post-activation variant, and glmc's ``activation-prepost``);
 - ``resnet20-ln-w{1,2,4,8}``: ResNet-20 with a channel LayerNorm (Git Re-Basin's width sweep)
   on scikit-learn's digits; vanilla, weight and activation matching at each width (plotted);
 - ``resnet20-bn-w4``: ResNet-20 with BatchNorm, 4x wide, on digits; vanilla, weight and
@@ -26,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import RESULTS, machine, read_json, replace_section, write_json
+from _common import RESULTS, machine, provenance, read_json, replace_section, write_json
 
 from glmc.demo import DemoPair, model_folder, train_models
 from glmc.training import TrainConfig
@@ -50,6 +51,11 @@ def _cfg(**kw) -> TrainConfig:
     return TrainConfig(**(base | kw))
 
 
+#: Vanilla averaging, weight matching and both activation-matching variants (Git Re-Basin's
+#: post-activation correlations, and glmc's own pre- and post-activation sum).
+METHODS = ("none", "weight", "activation", "activation-prepost")
+
+
 def suite() -> list[Pair]:
     # Weight decay 4 (AdamW, decoupled): over the run the initial weights shrink by about
     # exp(-lr·wd·Σschedule) ≈ e^-1, as long SGD training with weight decay does in Git
@@ -60,12 +66,12 @@ def suite() -> list[Pair]:
     return [
         Pair("mlp-mnist", "MLP 3x512, MNIST 5k",
              _cfg(arch="mlp", data="mnist5k", steps=600, batch_size=128, lr=1e-3),
-             ("none", "weight", "activation")),
+             METHODS),
         *[Pair(f"resnet20-ln-w{w}", f"ResNet-20 (LayerNorm) {w}x, digits",
-               _cfg(norm="layer", width=w, **resnet), ("none", "weight", "activation"))
+               _cfg(norm="layer", width=w, **resnet), METHODS)
           for w in WIDTHS],
         Pair("resnet20-bn-w4", "ResNet-20 (BatchNorm) 4x, digits",
-             _cfg(norm="batch", width=4, **resnet), ("none", "weight", "activation"),
+             _cfg(norm="batch", width=4, **resnet), METHODS,
              ("none", "reset", "repair")),
     ]
 
@@ -80,7 +86,7 @@ def measure(pair: Pair, cache: Path) -> dict:
 
     a, b = folders(cache, pair)
     row: dict = {"title": pair.title, "data": pair.train.data, "models": [str(a), str(b)],
-                 "train": dataclasses.asdict(pair.train), "methods": {}}
+                 "train": dataclasses.asdict(pair.train), "run": provenance(), "methods": {}}
     for how in pair.corrections:
         print(f"  {pair.key}: {', '.join(pair.methods)} (statistics: {how}) ...",
               file=sys.stderr, flush=True)
@@ -161,6 +167,10 @@ def table(results: dict) -> str:
     if m:
         lines += ["", f"Machine: {m['platform']}, {m['cpus']} CPUs, torch {m.get('torch')} "
                   f"({m.get('threads')} threads)."]
+    runs = {(r["commit"], r["date"][:10]) if r else None
+            for r in (row.get("run") for row in results.get("pairs", {}).values())}
+    lines.append("Runs: " + "; ".join("not recorded" if r is None else f"commit {r[0]}, {r[1]}"
+                                      for r in sorted(runs, key=str)) + ".")
     return "\n".join(lines)
 
 

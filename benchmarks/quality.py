@@ -142,7 +142,8 @@ def measure(pair: Pair, cache: Path, methods: list[str]) -> dict:
         for method, name in RESIDUAL_PERM.items():
             if method in methods:
                 rep = run_barrier(str(a), str(b), pair.train.data, methods=[method],
-                                  options=AlignOptions(residual="permutation"),
+                                  options=AlignOptions(residual="permutation",
+                                                       inner="invertible"),
                                   progress=progress)
                 measured[name] = rep.methods[method]
     run = provenance()
@@ -219,11 +220,19 @@ def table(results: dict, peer: dict) -> str:
     lines.append("")
     if runs and all(r is not None for r in runs.values()) and len(
             {(r["commit"], r["date"][:10]) for r in runs.values()}) == 1:
-        lines.append(_run_line("One run of every column", next(iter(runs.values()))) + ".")
+        first = next(iter(runs.values()))  # (the same commit and day: its date is the day's)
+        lines.append(_run_line("Every column", first | {"date": first["date"][:10]}) + ".")
     else:
         lines += [f"- {_run_line(f'`{k}`', r)}" if r else f"- `{k}`: run not recorded"
                   for k, r in runs.items()]
-    peer_runs = {(r.get("commit"), r.get("date")) for pr in peer.get("pairs", {}).values()
+    for k in keys:  # (a row measured apart from its pair's run says so)
+        run = runs[k] or {}
+        for m, r in results["pairs"][k]["methods"].items():
+            if r.get("date") and (r.get("commit"), r.get("date")) != (run.get("commit"),
+                                                                     run.get("date")):
+                lines.append(f"- {_run_line(f'`{k}`, row {TITLES.get(m, m)!r}', r)}")
+    peer_runs = {(r.get("commit"), r.get("date")) for k, pr in peer.get("pairs", {}).items()
+                 if k in keys
                  for r in pr.get("peer", {}).values() if isinstance(r, dict)}
     if peer.get("pairs"):
         lines.append("The paper's code's rows: " + "; ".join(

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from _common import machine, write_json
+from _common import machine, provenance, write_json
 
 SIZES = {
     # name: (n_layer, n_embd, n_head, n_inner, vocab, context)
@@ -69,7 +69,7 @@ def run_one(name: str, iters: int, tol: float, residual: str) -> dict:
         "relative_final": round(result.relative, 6),
         "trace": [(r["relative"], r["units_solved"], r["units_changed"]) for r in result.trace],
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-        "threads": torch.get_num_threads(),
+        "loadavg": os.getloadavg(), **provenance(),
     }
 
 

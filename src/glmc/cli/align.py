@@ -33,6 +33,8 @@ if TYPE_CHECKING:  # (torch and the library load when a command runs: --help sta
 
     from glmc.api import Alignment
     from glmc.io.folders import LoadedModel
+    from glmc.model import CanonicalModel
+    from glmc.symmetry.transform import Transform
 
 
 def check_pair_options(args: argparse.Namespace) -> None:
@@ -42,6 +44,7 @@ def check_pair_options(args: argparse.Namespace) -> None:
     float32 plus the working set, a merge holding one model more), which must be available
     (``MemAvailable``)."""
     from glmc.io.outputs import (
+        KEPT_MATCHING_COPIES,
         MATCHING_COPIES,
         check_output,
         check_pair_memory,
@@ -54,8 +57,9 @@ def check_pair_options(args: argparse.Namespace) -> None:
     check_output(args.out, model_bytes(stored_params(args.b)), force=args.force,
                  inputs=(args.a, args.b))
     merging = getattr(args, "alpha", None) is not None  # (glmc merge: the merged model too)
-    check_pair_memory(args.a, args.b, extra_copies=MATCHING_COPIES + merging,
-                      what=f"{args.a} and {args.b}")
+    copies = (KEPT_MATCHING_COPIES + 1 if merging
+              else MATCHING_COPIES if may_hand_over(args) else KEPT_MATCHING_COPIES)
+    check_pair_memory(args.a, args.b, extra_copies=copies, what=f"{args.a} and {args.b}")
 
 
 def load_pair(args: argparse.Namespace,
@@ -133,14 +137,52 @@ def alignment_progress(args: argparse.Namespace) -> Iterator[dict]:
 
 
 def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel,
-                  method: str) -> Alignment:
-    """B aligned to A by ``method`` with the command's options, showing progress."""
+                  method: str, hand_over: bool = False) -> Alignment:
+    """B aligned to A by ``method`` with the command's options, showing progress
+    (``hand_over``: see :func:`hands_over`)."""
     from glmc.api import align
 
     with alignment_progress(args) as callbacks:
         options = alignment_options(args, getattr(a.canonical.config, "vocab_size", None),
-                                    **callbacks)
+                                    hand_over=hand_over, **callbacks)
         return align(a, b, method=method, options=options)
+
+
+def may_hand_over(args: argparse.Namespace) -> bool:
+    """Whether the method and heads mode let align hand the pair over (:func:`hands_over`;
+    torch-free: the memory check before loading asks)."""
+    from glmc.methods import get_method
+
+    return args.align in aligning_methods() and not get_method(args.align).data \
+        and args.heads == "inner"
+
+
+def hands_over(args: argparse.Namespace) -> bool:
+    """Whether align hands the pair over to weight matching (``AlignOptions.hand_over``),
+    which frees the models' tensors as it goes (the same transform, bit for bit); B aligned
+    is then made from B's folder read again (:func:`aligned_from_folder`). So for the
+    weight methods on heads as they are, in one process (under torchrun every rank keeps
+    its models; see :mod:`glmc.matching.spread`)."""
+    from glmc.distributed import spread
+
+    return may_hand_over(args) and not spread()
+
+
+def aligned_from_folder(folder: str | Path, like: CanonicalModel, transform: Transform,
+                        stamp: tuple = (), allow_pickle: bool = False) -> CanonicalModel:
+    """B aligned: B's folder read again (tensor by tensor, as loading reads it) and moved by
+    ``transform`` one tensor at a time, so that it costs one model and one tensor, after the
+    matching that B was handed over to has freed its own copies. ``like``: B as the matching
+    had it (its config and the files it carries; its state emptied). ``stamp``: the folder's
+    :func:`~glmc.io.folders.folder_stamp` when it was first read (a folder rewritten since
+    is an error: the transform is another model's)."""
+    from glmc.errors import GlmcError
+    from glmc.io.folders import folder_stamp, load_model
+
+    if stamp and folder_stamp(folder) != stamp:
+        raise GlmcError(f"{folder}: changed on disk since it was loaded; align again")
+    b = load_model(folder, allow_pickle=allow_pickle).canonical
+    return like.with_state(transform.apply(b.spec, b.state, consume=True))
 
 
 def drop_checkpoint(args: argparse.Namespace) -> None:
@@ -181,11 +223,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("b", help="model folder to align to A")
     add_out(p, "output folder (written atomically)")
     p.add_argument("--align", metavar="METHOD", choices=aligning_methods(), default="weight",
-                   help="weight: data-free weight matching; activation: units paired by the "
-                   "correlation of their activations on --data (permutation symmetries only); "
-                   "learned: weight matching, then learned matching on --data; weight-perm, "
-                   "learned-perm: the same with a permutation-only residual map (the names "
-                   "merge and barrier take)")
+                   help="weight: data-free weight matching; activation: units, heads and the "
+                   "residual map from the correlations of the two models' activations on "
+                   "--data (Git Re-Basin's post-activation variant; activation-prepost: glmc's "
+                   "own, before and after the nonlinearity); learned: weight matching, then "
+                   "learned matching on --data; weight-perm, activation-perm, learned-perm: "
+                   "the same with permutations only (the names merge and barrier take)")
     p.add_argument("--data", help="training data for activation or learned matching (name or "
                    "path)")
     add_tokenizer(p)
@@ -210,10 +253,12 @@ def _run(args: argparse.Namespace) -> int:
 
     from glmc.api import save_certified
     from glmc.distributed import is_main
-    from glmc.io.folders import phase
+    from glmc.io.folders import folder_stamp, phase
 
     t0 = time.perf_counter()
     phases: dict = {}  # (seconds and peak memory of each phase, in the report)
+    hand_over = hands_over(args)
+    stamp = folder_stamp(args.b) if hand_over else ()
     a, b = load_pair(args)
     clock = phase(phases, "load", t0)
     if is_main():  # (B's weights read from its files one block at a time, in float64)
@@ -221,14 +266,20 @@ def _run(args: argparse.Namespace) -> int:
         clock = phase(phases, "reference", clock)
     b.stock_state = None  # (only B's canonical form is matched, on every rank)
     release_memory()
-    al = run_alignment(args, a, b, args.align)
-    clock = phase(phases, "match", clock)
+    al = run_alignment(args, a, b, args.align, hand_over=hand_over)
     if not is_main():
         return 0
     report = al.report() | {"a": str(args.a), "b": str(args.b)}
-    lines, aligned, transform = summary(args, al), al.aligned.to(torch.float32), al.transform
+    lines, transform = summary(args, al), al.transform
+    # (handed over, the models are empty: B aligned is made from its folder once the
+    # matching's copies are freed; else it is in memory)
+    like, aligned = (al.b, None) if hand_over else (None, al.aligned.to(torch.float32))
     del al, a, b  # (released before OUT is written and read back for the certificate)
     release_memory()
+    if aligned is None:
+        aligned = aligned_from_folder(args.b, like, transform, stamp, args.allow_pickle)
+        del like
+    clock = phase(phases, "match", clock)
     # (release: the written model is dropped as it is written, before the temporary folder
     # is certified, so that it is not in memory beside its read-back copy; OUT takes its
     # name only then)

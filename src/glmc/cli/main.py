@@ -72,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _quiet_transformers()
         return int(args.func(args) or 0)
     except GlmcError as e:  # (one line, whatever the message holds)
+        if getattr(e, "reported_elsewhere", False):  # (a rank other than 0 under torchrun:
+            return 2  # rank 0 says it, once)
         message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
         print(f"glmc {args.command}: error: {message}", file=sys.stderr)
         return 2

@@ -261,6 +261,19 @@ def weight_files(folder: Path) -> list[Path] | None:
     return files
 
 
+def folder_stamp(folder: str | Path) -> tuple:
+    """What tells that a model folder's config or weights were replaced or rewritten (each
+    file's inode, size and mtime), to check that a folder read again is the one read before;
+    () when it cannot be read (reading it reports why)."""
+    folder = Path(folder)
+    try:
+        files = [folder / "config.json", *(weight_files(folder) or
+                                           [folder / "pytorch_model.bin"])]
+        return tuple((f.name, *_file_stamp(f)) for f in files)
+    except (GlmcError, OSError):
+        return ()
+
+
 def stored_state(folder: Path, allow_pickle: bool = False,
                  dtype: torch.dtype | None = torch.float32) -> StoredState | StateDict:
     """The tensors stored in ``folder``: a :class:`StoredState` over its safetensors file or

@@ -159,10 +159,27 @@ RUNTIME_BYTES = 600 << 20
 #: Float32 copies of the largest tensor held beside the models (a block cast to float64 for
 #: the certificate, a tensor being converted or written, the matching's matrices).
 LARGEST_TENSOR_COPIES = 4
-#: Float32 copies of B that aligning holds beside A and B, as weight matching stands: B
-#: moved by the starting transform (its descent's start) and B aligned (built while A and B
-#: are held). Measured: a 1.1B-parameter pair passes 18.7 GB; A and B are 8.8 GB of it.
-MATCHING_COPIES = 2
+#: Float32 copies of B that ``glmc align`` holds beside A and B at its peak (a fraction):
+#: the pair is handed over to weight matching (``AlignOptions.hand_over``), so that A's
+#: tensors become the weighted copies its steps read (kept in bfloat16 or float16 where that
+#: holds them exactly), B's are freed once moved to the descent's start, the tables only the
+#: stream touches once folded into its constant, and B aligned is made from B's folder read
+#: again once the matching's copies are freed. Beyond the two models the descent then holds
+#: the residual cache's float64 cross-correlations (d × d per MLP matrix) and each worker's
+#: unit step (its n × n cost and the unit's tensors moved); loading and the reference logits
+#: hold the two models and one layer in float64, writing B aligned and its stock form.
+#: Measured at 1 and 2 threads on a Llama pair of TinyLlama-1.1B's widths with 4 of its 22
+#: layers (293M parameters each, bfloat16): 3.65 GB at the peak, the reference logits (the
+#: descent 3.25 and 3.46 GB; 6.10 GB with the models kept), which extrapolates to about
+#: 10.0 GB for the 1.1B pair (A and B 8.8 GB of it; 18.7 GB kept); a float32 checkpoint,
+#: none of whose copies is kept in half precision, to about 11.9 GB at 2 threads, which this
+#: fraction covers.
+MATCHING_COPIES = 0.35
+#: The same with the models kept in memory (merge; align's methods that read data, heads as
+#: circuits): B moved by the starting transform (its descent's start) and B aligned (built
+#: while A and B are held). Measured: a 1.1B-parameter pair passes 18.7 GB; A and B are
+#: 8.8 GB of it.
+KEPT_MATCHING_COPIES = 2
 
 
 def available_memory() -> int | None:
@@ -179,15 +196,17 @@ def available_memory() -> int | None:
 
 
 def pair_memory(a: str | Path, b: str | Path,
-                extra_copies: int = MATCHING_COPIES) -> tuple[int, int] | None:
+                extra_copies: float = MATCHING_COPIES) -> tuple[int, int] | None:
     """What aligning model folder B to A holds at its peak, from the safetensors headers
     alone: (both models in float32, the working set), in bytes; None when a folder's
     headers cannot be read (loading it reports why).
 
-    The working set: ``extra_copies`` more float32 copies of B (:data:`MATCHING_COPIES`;
-    a merge adds the merged model), :data:`LARGEST_TENSOR_COPIES` copies of the largest
-    tensor and the runtime (:data:`RUNTIME_BYTES`). Loading, the reference logits, writing
-    and certifying hold at most the models and one layer beside them (:mod:`glmc.verify`).
+    The working set: ``extra_copies`` more float32 copies of B (:data:`MATCHING_COPIES`
+    for ``glmc align``, which hands the pair over to weight matching;
+    :data:`KEPT_MATCHING_COPIES` with the models kept in memory, to which a merge adds the
+    merged model), :data:`LARGEST_TENSOR_COPIES` copies of the largest tensor and the
+    runtime (:data:`RUNTIME_BYTES`). Loading, the reference logits, writing and certifying
+    hold at most the models and one layer beside them (:mod:`glmc.verify`).
     """
     shapes = [stored_shapes(folder) for folder in (a, b)]
     if any(s is None or not s for s in shapes):
@@ -195,12 +214,12 @@ def pair_memory(a: str | Path, b: str | Path,
     sizes = [[math.prod(shape) for shape in s.values()] for s in shapes]  # type: ignore[union-attr]
     pair = BYTES_PER_PARAM * (sum(sizes[0]) + sum(sizes[1]))
     largest = max(max(s) for s in sizes)
-    working = BYTES_PER_PARAM * (extra_copies * sum(sizes[1])
-                                 + LARGEST_TENSOR_COPIES * largest) + RUNTIME_BYTES
+    working = int(BYTES_PER_PARAM * (extra_copies * sum(sizes[1])
+                                     + LARGEST_TENSOR_COPIES * largest)) + RUNTIME_BYTES
     return pair, working
 
 
-def check_pair_memory(a: str | Path, b: str | Path, extra_copies: int = MATCHING_COPIES,
+def check_pair_memory(a: str | Path, b: str | Path, extra_copies: float = MATCHING_COPIES,
                       what: str = "A and B") -> None:
     """Refuse, before loading, a pair whose estimate (:func:`pair_memory`) exceeds the
     memory available (:func:`available_memory`): one GlmcError with the estimate and what

@@ -56,6 +56,12 @@ class WeightMatchingOptions:
     fix_ones: bool | None = None
     #: Per parameter: (axis, boolean mask) of the rows that count (e.g. tokens seen).
     row_masks: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    #: The models are handed over (``glmc align``, which reads B again for its output): each
+    #: tensor leaves its model's state dict as soon as the matching no longer reads it (A's
+    #: replaced by the weighted copies the steps read, B's once moved to the start), so that
+    #: the models are not held beside the matching's own copies. The result is the same, bit
+    #: for bit; both state dicts are to be emptied afterwards (see ``Problem``).
+    hand_over: bool = False
 
     def __post_init__(self) -> None:
         for value, choices, what in ((self.residual, RESIDUALS, "residual mode"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -123,14 +123,34 @@ class WeightedState(Mapping[str, torch.Tensor]):
     zeroed. Those in ``held`` are made once and kept; the others are made again at each
     read, or block by block of rows (B's, and the tensors only the residual stream touches,
     are read a few times at the start: kept, they would cost a copy of the models for the
-    whole run)."""
+    whole run).
+
+    ``consume``: the state is handed over (``WeightMatchingOptions.hand_over``): each kept
+    copy replaces in ``state`` the tensor it is made from, which is freed at once, and
+    :meth:`drop` frees the others' when they are no longer read. A kept tensor that
+    bfloat16 or float16 holds exactly (:func:`packed`: a half-precision checkpoint's tensors
+    that the canonical rewrite leaves as stored) is kept so instead, at half the memory, and
+    weighed when read: the same numbers (``state`` then holds a placeholder of its shape
+    and dtype on the meta device)."""
 
     def __init__(self, state: StateDict, names: list[str],
                  weigh: Callable[[str, torch.Tensor, slice | None], torch.Tensor],
-                 held: set[str]) -> None:
+                 held: set[str], consume: bool = False) -> None:
         self._state, self._weigh = state, weigh
         self._names = dict.fromkeys(names)  # (ordered)
-        self._held = {n: weigh(n, state[n], None) for n in names if n in held}
+        self._held: dict[str, torch.Tensor] = {}
+        self._packed: dict[str, tuple[torch.Tensor, torch.dtype]] = {}
+        for n in names:
+            if n not in held:
+                continue
+            half = packed(state[n]) if consume else None
+            if half is not None:
+                self._packed[n] = (half, state[n].dtype)
+                state[n] = torch.empty_like(state[n], device="meta")
+            else:
+                self._held[n] = weigh(n, state[n], None)
+                if consume:
+                    state[n] = self._held[n]
 
     def __getitem__(self, name: str) -> torch.Tensor:
         t = self._held.get(name)
@@ -138,6 +158,9 @@ class WeightedState(Mapping[str, torch.Tensor]):
             return t
         if name not in self._names:
             raise KeyError(name)
+        half = self._packed.get(name)
+        if half is not None:
+            return self._weigh(name, half[0].to(half[1]), None)
         return self._weigh(name, self._state[name], None)
 
     def __contains__(self, name: object) -> bool:
@@ -152,17 +175,24 @@ class WeightedState(Mapping[str, torch.Tensor]):
     def pop(self, name: str, default: object = None) -> object:
         """Forget ``name`` (its kept copy is freed)."""
         self._names.pop(name, None)
+        self._packed.pop(name, None)
         return self._held.pop(name, default)
+
+    def drop(self, name: str) -> None:
+        """Take the tensor ``name`` is made from out of the state (handed over: it is freed
+        unless kept; a read of ``name`` not kept is then a KeyError, never other values)."""
+        self._state.pop(name, None)
 
     def shape(self, name: str) -> torch.Size:
         return self._state[name].shape
 
     def rows(self, name: str, size: int) -> Iterator[torch.Tensor]:
         """The weighted tensor ``name`` in blocks of ``size`` rows (of its first axis)."""
-        t, held = self._state[name], self._held.get(name)
+        t, held, half = self._state[name], self._held.get(name), self._packed.get(name)
         for i in range(0, t.shape[0], size):
             s = slice(i, i + size)
-            yield held[s] if held is not None else self._weigh(name, t[s], s)
+            yield (held[s] if held is not None else
+                   self._weigh(name, half[0][s].to(half[1]) if half else t[s], s))
 
     def sq_norm(self, name: str, block: int = 1 << 22) -> float:
         """‖√w_t·X_t‖² summed in float64; a tensor of more than ``block`` entries (an
@@ -175,30 +205,41 @@ class WeightedState(Mapping[str, torch.Tensor]):
         return sum(float(c.double().pow_(2).sum()) for c in self.rows(name, size))
 
 
+def packed(t: torch.Tensor) -> torch.Tensor | None:
+    """``t`` (float32) in bfloat16 or float16 when that holds every entry exactly (converted
+    back, the same tensor bit for bit), else None."""
+    if t.dtype != torch.float32 or t.device.type == "meta":
+        return None
+    for dtype in (torch.bfloat16, torch.float16):
+        half = t.to(dtype)
+        if torch.equal(half.to(t.dtype), t):  # (±0 keep their sign; the models are finite)
+            return half
+    return None
+
+
 class Problem:
     """Weighted A and B (each tensor times √w_t: :class:`WeightedState`, A's copies kept for
     the tensors the steps read, B's made when read), the spec's units, and the distance's
     terms."""
 
     def __init__(self, a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions,
-                 only: set[str] | None = None):
+                 only: set[str] | None = None,
+                 local: Callable[[Problem], Collection[str]] | None = None):
         """``only``: these tensors alone (a caller that reads no others saves their
-        memory and time; the distance and its scale then cover these only)."""
+        memory and time; the distance and its scale then cover these only).
+
+        ``local``: given the problem's structure (its units, groups and streams: everything
+        but the tensors), the tensors this process works on (weight matching spread across
+        processes, :mod:`glmc.matching.spread`): A's copies are kept and the norms computed
+        for those alone; ``sq_a`` and ``sq_b`` then lack the others until the caller fills
+        them in. Every tensor can still be read (weighed when read)."""
         spec = a.spec.weights_only()  # (statistics move with their units, unweighed)
         self.spec, self.opts = spec, opts
         self.w = tensor_weights(spec, a.state, opts.weighting, opts.row_masks,
                                 opts.bias_weight)
         names = [n for n in spec.axes if only is None or n in only]
+        self.names = names  # (the tensors the distance covers, in the spec's order)
         stream = stream_space(spec)
-        # A's weighted copies are read by every step, except those of the tensors only the
-        # stream touches (folded into one constant at the start); B's only at the start.
-        solo = {n for n in names if stream is not None and spec.spaces_of(n) == {stream}}
-        self.A = WeightedState(a.state, names, self._weigh, set(names) - solo)
-        self.B = WeightedState(b.state, names, self._weigh, set())
-        # ‖A_t‖², ‖B_t‖² (weighted): a tensor moved by permutations and orthogonal maps keeps
-        # its norm, so its distance term is ‖A‖² + ‖B‖² − 2⟨A, π(B)⟩.
-        self.sq_a = {n: self.A.sq_norm(n) for n in names}
-        self.sq_b = {n: self.B.sq_norm(n) for n in names}
         self.dtype = a.state[next(iter(spec.axes))].dtype
         self._balance: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._memo: dict[str, Any] = {}
@@ -233,6 +274,20 @@ class Problem:
             for n in self.term_names(u):
                 owners[n].add(u)
         self.independent = all(len(us) <= 1 for us in owners.values())
+        keep = set(names) if local is None else set(local(self)) & set(names)
+        # A's weighted copies are read by every step, except those of the tensors only the
+        # stream touches (folded into one constant at the start); B's only at the start.
+        solo = {n for n in names if stream is not None and spec.spaces_of(n) == {stream}}
+        hand_over = opts.hand_over  # (A's tensors replaced by their kept copies)
+        self.A = WeightedState(a.state, names, self._weigh, keep - solo, consume=hand_over)
+        self.B = WeightedState(b.state, names, self._weigh, set())  # (freed in apply)
+        # ‖A_t‖², ‖B_t‖² (weighted): a tensor moved by permutations and orthogonal maps keeps
+        # its norm, so its distance term is ‖A‖² + ‖B‖² − 2⟨A, π(B)⟩.
+        self.sq_a = {n: self.A.sq_norm(n) for n in names if n in keep}
+        self.sq_b = {n: self.B.sq_norm(n) for n in names if n in keep}
+        if hand_over:  # (B is read at the start only: what the steps would read of it, now)
+            self._units_norms([u for u in self.units if u not in self.head_units
+                               and self.term_names(u) & keep])
 
     # -- the distance -------------------------------------------------------------------------
     def terms(self, bt: StateDict, names: set[str] | None = None) -> dict[str, float]:
@@ -257,10 +312,14 @@ class Problem:
 
     def release(self, names: list[str]) -> None:
         """Drop the weighted copies of ``names`` (e.g. embedding tables whose contribution is
-        already folded into a constant): their memory is returned before the loop starts."""
+        already folded into a constant): their memory is returned before the loop starts
+        (handed over, the models' own tensors of ``names`` too)."""
         for n in names:
             self.A.pop(n, None)
             self.B.pop(n, None)
+            if self.opts.hand_over:
+                self.A.drop(n)
+                self.B.drop(n)
 
     def _weigh(self, name: str, t: torch.Tensor, rows: slice | None) -> torch.Tensor:
         """``t`` as the distance weighs it (masked rows zeroed, times √w_t); ``rows``: the
@@ -282,12 +341,18 @@ class Problem:
 
     def apply(self, elements: dict[str, Element], exclude: set[str],
               names: list[str] | None = None) -> StateDict:
-        """B with every element applied except those of the spaces in ``exclude``."""
+        """B with every element applied except those of the spaces in ``exclude``; B handed
+        over (``opts.hand_over``: the start's B moved, read once), each of its tensors is
+        freed once moved."""
         # (identity permutations would only copy: the start's are most of the elements)
         use = {k: e for k, e in elements.items() if k not in exclude
                and not (isinstance(e, Permutation) and e.is_identity())}
-        return {n: apply_axes(self.B[n], self.spec.axes[n], use)
-                for n in (names if names is not None else self.spec.axes)}
+        out = {}
+        for n in (names if names is not None else self.spec.axes):
+            out[n] = apply_axes(self.B[n], self.spec.axes[n], use)
+            if self.opts.hand_over:
+                self.B.drop(n)
+        return out
 
     def stream_group(self) -> Group:
         """The group the residual map is sought in (see :func:`effective_groups`)."""
@@ -317,6 +382,19 @@ class Problem:
                 out.append(sq.sqrt().clamp_min(1e-30))
             self._unit_norms[space] = (out[0], out[1])
         return self._unit_norms[space]
+
+    def _units_norms(self, units: list[str]) -> None:
+        """:meth:`unit_norms` of ``units`` made now (B handed over is not read later), on one
+        thread as a unit's worker makes them (a reduction's order can follow the threads)."""
+        if self.opts.unit_cost == "distance":  # (no step reads them)
+            return
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for u in units:
+                self.unit_norms(u)
+        finally:
+            torch.set_num_threads(threads)
 
     def memo(self, key: str, make: Callable[[], Any]) -> Any:
         """``make()``, made once per ``key`` (for what depends on A alone, which never

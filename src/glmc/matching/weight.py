@@ -19,7 +19,9 @@ once, one per core), then the residual map. Units that share a tensor (chained l
 solved one after another, each given the steps before it. The trace records D after every
 iteration. The units' steps live in ``problem``, the residual map's in ``residual``.
 ``weight_matching`` is the loop: ``Descent`` holds its state and takes the steps, ``Sweeps``
-says which units are due and when the run has converged, ``Workers`` solves the units.
+says which units are due and when the run has converged, ``Workers`` solves the units. Under
+torchrun the units are shared out among the ranks, with the same result
+(:mod:`glmc.matching.spread`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from glmc import distributed
 from glmc.matching import workspace
 from glmc.matching.heads import propose_heads
 from glmc.matching.problem import (
@@ -164,6 +167,8 @@ def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
     prop = UNIT_STEPS[type(group)](prob, unit, el, bt)
     solution = solve(group, prop.cost, el[unit], prob.dtype)
     prop.cost = None  # (n x n: freed before the tensors are moved)
+    if prob.opts.hand_over:  # (the worker's n x n buffers too: the pair fills the memory)
+        workspace.release()
     new = prop.finish(solution)
     own = prob.term_names(unit)
     before = prob.terms({n: bt_all[n] for n in names}, own)
@@ -320,13 +325,13 @@ class Descent:
         if solo is not None:
             el[prob.stream] = residual_start(prob, solo, dtype)
         fixed = solo.names if solo is not None else []
+        prob.release(fixed)  # (their term is ⟨T, const⟩ from here on: freed before B moves)
         bt_all = prob.apply(el, set(), [n for n in prob.spec.axes if n not in fixed])
         cache = None if solo is None else ResidualCache(prob, prob.stream, el[prob.stream],
                                                         bt_all)
         terms = prob.terms(bt_all)
         if solo is not None:
             terms["<solo>"] = solo.term(el[prob.stream])
-        prob.release(fixed)  # (their term is ⟨T, const⟩ from here on)
         d = cls(prob, el, bt_all, terms, cache, solo, scale=prob.scale())
         d.init_distance = d.distance()
         return d
@@ -349,7 +354,13 @@ class Descent:
             rejected += step.rejected
             sweeps.solved(step.unit, step.same, it)
             cpu[self.prob.spec.roles.get(step.unit, "permutation")] += step.seconds
-        wall = {"units": time.perf_counter() - t0}  # wall seconds per phase
+        return self.finish_iteration(it, len(due), changed, rejected,
+                                     time.perf_counter() - t0, cpu)
+
+    def finish_iteration(self, it: int, solved: int, changed: int, rejected: int,
+                         units_wall: float, cpu: dict[str, float]) -> dict:
+        """The residual step after the units, and the iteration's trace record."""
+        wall = {"units": units_wall}  # wall seconds per phase
         residual_kept = False
         if self.cache is not None:
             t0 = time.perf_counter()
@@ -359,7 +370,7 @@ class Descent:
         distance = self.distance()
         return {"iteration": it + 1, "distance": distance,
                 "relative": relative(distance, self.scale),
-                "units_solved": len(due), "units_changed": changed,
+                "units_solved": solved, "units_changed": changed,
                 "units_rejected": rejected, "residual_rejected": residual_kept,
                 "seconds": {k: round(v, 4) for k, v in wall.items()},
                 "unit_seconds": {k: round(v, 4) for k, v in cpu.items()}}
@@ -405,11 +416,16 @@ def weight_matching(
     the last iteration (to study how the alignment evolves).
     """
     opts = opts or WeightMatchingOptions()
-    check_pair(a, b, where)
-    if opts.fix_ones is None:
-        opts = replace(opts, fix_ones=fixes_ones(a, b))
-    workspace.release_freed()  # (what the caller freed before: loading, say)
-    descent = Descent.start(Problem(a, b, opts), a.dtype)
+    if distributed.spread():  # (under torchrun: the units shared out among the ranks, the
+        from glmc.matching import spread  # checks below made there; it builds on this module)
+
+        descent = spread.start(a, b, opts, where)
+    else:
+        check_pair(a, b, where)
+        if opts.fix_ones is None:
+            opts = replace(opts, fix_ones=fixes_ones(a, b))
+        workspace.release_freed()  # (what the caller freed before: loading, say)
+        descent = Descent.start(Problem(a, b, opts), a.dtype)
     workspace.release_freed()
     sweeps = Sweeps(descent.prob.units, opts.tol)  # (inner spaces are solved with their heads)
     trace: list[dict] = []

@@ -24,6 +24,14 @@ def enable() -> None:
     _local.buffers = {}
 
 
+def release() -> None:
+    """Drop the calling thread's buffers (each is made again when next asked for): for a
+    step whose n x n matrices are done with while it still has work, when memory is short."""
+    buffers = getattr(_local, "buffers", None)
+    if buffers:
+        buffers.clear()
+
+
 def buffer(key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised tensor of ``shape`` and ``dtype``: the calling thread's buffer
     ``key`` when it keeps buffers (valid until it asks for ``key`` again), else a new one."""

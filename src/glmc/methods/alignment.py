@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from glmc.errors import GlmcError
 from glmc.matching.learned import LearnedResult
 from glmc.matching.weight import MatchResult
 from glmc.model import CanonicalModel
@@ -14,14 +15,16 @@ from glmc.symmetry.transform import Transform
 
 @dataclass
 class Alignment:
-    """B aligned to A: ``aligned`` = transform applied to ``b`` (same function as ``b``).
+    """B aligned to A: ``aligned`` = transform applied to ``b`` (same function as ``b``);
+    None when the pair was handed over (``AlignOptions.hand_over``: ``a`` and ``b`` are then
+    empty).
 
     ``settings``: what produced it (inputs, method, residual, heads), for the report.
     """
 
     a: CanonicalModel
     b: CanonicalModel
-    aligned: CanonicalModel
+    aligned: CanonicalModel | None
     transform: Transform
     match: MatchResult | None
     learned: LearnedResult | None = None
@@ -37,6 +40,9 @@ class Alignment:
         """Write B aligned as ``glmc align`` does (see :func:`glmc.writing.save_alignment`)."""
         from glmc.writing import save_alignment  # (writing reads Alignment: imported late)
 
+        if self.aligned is None:
+            raise GlmcError("this alignment was handed over (AlignOptions.hand_over): B "
+                            "aligned was not built; apply its transform to B read again")
         return save_alignment(self, path, force=force, stock=stock)
 
 

@@ -78,8 +78,12 @@ def canonical_coordinates(a: CanonicalModel, b: CanonicalModel,
 
 
 def weight(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
-    match = weight_matching(a, b, o.weight_matching(token_masks(a, o.token_counts)),
-                            progress=o.progress)
+    wm = o.weight_matching(token_masks(a, o.token_counts), hand_over=o.hand_over)
+    match = weight_matching(a, b, wm, progress=o.progress)
+    if o.hand_over:  # (what is left of the models: A's weighted copies, nothing of B's)
+        a.state.clear()
+        b.state.clear()
+        return Alignment(a, b, None, match.transform, match)
     return _moved(a, b, match.transform, match)
 
 

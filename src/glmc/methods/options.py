@@ -48,6 +48,11 @@ class AlignOptions:
         dtype: precision the models are aligned in by the barrier (evaluation is float32).
         correction: applied after interpolating (merge, barrier; see
             :mod:`glmc.correction`): ``"none"``, ``"reset"`` or ``"repair"``.
+        hand_over: the pair is handed over to weight matching (``weight``, ``weight-perm``;
+            what ``glmc align`` does, which reads B again for its output): it frees the
+            models' tensors as it goes, the same transform bit for bit, and both models are
+            left empty, with no ``aligned`` model (apply ``transform`` to B read again; see
+            :func:`glmc.cli.align.aligned_from_folder`). Other methods ignore it.
     """
 
     residual: str = "orthogonal"
@@ -70,6 +75,7 @@ class AlignOptions:
     stock: Any = None
     dtype: torch.dtype = torch.float32
     correction: str = "none"
+    hand_over: bool = False
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("heads mode", self.heads, HEADS),
@@ -78,11 +84,12 @@ class AlignOptions:
             if value not in allowed:
                 raise GlmcError(f"unknown {name} {value!r} ({' or '.join(allowed)})")
 
-    def weight_matching(self, row_masks: dict | None = None) -> WeightMatchingOptions:
+    def weight_matching(self, row_masks: dict | None = None,
+                        hand_over: bool = False) -> WeightMatchingOptions:
         return WeightMatchingOptions(
             residual=self.residual, max_iter=self.max_iter, tol=self.tol,
             weighting=self.weighting, bias_weight=self.bias_weight, unit_cost=self.unit_cost,
-            inner=self.inner, init=self.init, row_masks=row_masks or {})
+            inner=self.inner, init=self.init, row_masks=row_masks or {}, hand_over=hand_over)
 
     def learned_matching(self) -> LearnedMatchingOptions:
         opts = replace(self.learned or LearnedMatchingOptions(), residual=self.residual)

@@ -119,18 +119,25 @@ class Transform:
         return Transform(out)
 
     # -- action ---------------------------------------------------------------------------
-    def apply(self, spec: SymmetrySpec, state: Mapping[str, torch.Tensor]) -> StateDict:
-        """The transformed state dict (parameters the spec does not name are copied)."""
+    def apply(self, spec: SymmetrySpec, state: Mapping[str, torch.Tensor],
+              consume: bool = False) -> StateDict:
+        """The transformed state dict (parameters the spec does not name are copied).
+
+        ``consume``: ``state`` (a dict) is handed over: each tensor is replaced in it by its
+        transformed one as it goes (one tensor more at a time, not a second model), the
+        others kept as they are; returns ``state``."""
         for name, e in self.elements.items():
             group = spec.spaces.get(name)
             if group is not None and e.size != group.size:
                 raise GlmcError(f"{self.source or 'transform'}: space {name} has size {e.size}, "
                                 f"the model's {group.size} (a transform of another model)")
-        result = {}
-        for name, x in state.items():
-            tags = spec.axes.get(name)
-            result[name] = apply_axes(x, tags, self.elements) if tags else x.clone()
-        return result
+        result = state if consume else {}
+        for name in list(state):
+            x, tags = state[name], spec.axes.get(name)
+            result[name] = (apply_axes(x, tags, self.elements) if tags
+                            else x if consume else x.clone())
+            del x
+        return result  # type: ignore[return-value]
 
     # -- persistence ----------------------------------------------------------------------
     def save(self, path: str | Path) -> None:

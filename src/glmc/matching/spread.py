@@ -1,0 +1,346 @@
+"""Weight matching spread across the ranks of a process group (torchrun): the result of one
+process, bit for bit, with the units' work and the working set divided among the ranks.
+
+Given the residual map the units (every space but the residual one: MLP units, heads) are
+independent (see :mod:`glmc.matching.weight`), so each rank solves a share of them:
+:func:`plan` splits the units into contiguous runs of about equal cost (their
+cross-correlations' multiply-adds, :func:`unit_cost`), the same on every rank. A rank keeps
+and moves only its units' tensors (A's weighted copies, B moved, the residual cache's
+cross-correlations); rank 0 also reads the tensors only the stream touches (embeddings, the
+head: their constant) and computes the residual map. An iteration:
+
+1. each rank solves its due units on its own workers; every rank then takes every unit's new
+   elements and terms (:func:`glmc.distributed.exchange`), and so holds the elements and the
+   distance's terms of the single-process run;
+2. the residual step: its sums (Σ C_n over the cached tensors, Σ A·B̃ᵀ over the fresh ones)
+   are added across the ranks in the single process's order
+   (:func:`glmc.distributed.ordered_sum`: the same sum, not an all-reduce's); rank 0 solves
+   the Procrustes and hands the map on (:func:`glmc.distributed.from_root`); each rank
+   computes its tensors' terms under it, and every rank adds them all in the single
+   process's order to take or reject the step.
+
+Every number that decides a step is computed on one rank and handed to the others, so the
+ranks never disagree (on machines whose arithmetic differs too); a rank's failure stops them
+all at the next exchange. The bits are those of one process whose products run on as many
+threads as each rank's (torchrun's default: one per rank); the Procrustes, on rank 0, is the
+part that does not shrink with more ranks. Units that share tensors (chained layers: MLPs,
+convnets) are solved one after another: every rank then runs the single-process descent by
+itself (the same result on each, no speed-up).
+
+Not spread: loading. Every rank loads both models whole (only the working set beyond them,
+about as much again, is split); each rank reading only its units' tensors would take a loader
+that reads a subset of a folder's tensors, and the spectral start's Grams summed across the
+ranks (the ordered sum again).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from glmc import distributed
+from glmc.errors import GlmcError
+from glmc.matching import workspace
+from glmc.matching.problem import Problem, WeightMatchingOptions, check_pair
+from glmc.matching.residual import ResidualCache, Solo
+from glmc.matching.weight import (
+    Descent,
+    Sweeps,
+    Workers,
+    fixes_ones,
+    residual_start,
+    solved_in_order,
+)
+from glmc.model import CanonicalModel
+from glmc.tensors import StateDict, axis_first
+
+__all__ = ["Plan", "SpreadDescent", "plan", "start", "unit_cost"]
+
+
+def unit_cost(prob: Problem, unit: str, shapes: Mapping[str, tuple[int, ...]]) -> int:
+    """The multiply-adds of ``unit``'s cross-correlations: Σ over the (tensor, axis) that its
+    spaces act on of the tensor's entries times the axis' length (k·f²·d for an MLP unit of
+    f hidden units and k matrices over a stream of d; about 2·d³ for a layer's heads). The
+    assignment, n³ at worst but far less in practice, adds n²."""
+    seen: set[tuple[str, int]] = set()
+    cost = prob.groups[unit].n ** 2
+    for s in (unit, *prob.inner_of[unit]):
+        for n, axis, _ in prob.spec.occurrences(s):
+            if (n, axis) not in seen and n in shapes:
+                seen.add((n, axis))
+                cost += int(torch.Size(shapes[n]).numel()) * shapes[n][axis]
+    return cost
+
+
+def split(costs: list[int], world: int) -> list[int]:
+    """The rank of each item: contiguous runs, the costliest run as cheap as it can be (the
+    least bound whose greedy runs number at most ``world``)."""
+    def runs(bound: int) -> list[int]:
+        out, rank, load = [], 0, 0
+        for c in costs:
+            if load and load + c > bound:
+                rank, load = rank + 1, 0
+            out.append(rank)
+            load += c
+        return out
+
+    lo, hi = max(costs, default=0), sum(costs)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if runs(mid)[-1] < world:
+            hi = mid
+        else:
+            lo = mid + 1
+    return runs(lo) if costs else []
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Who does what, and the single process's orders of the residual step's sums (made
+    from the spec and the shapes alone: the same on every rank)."""
+
+    world: int
+    unit_rank: dict[str, int]
+    #: The rank holding each tensor (its unit's; rank 0 for a tensor no unit touches).
+    tensor_rank: dict[str, int]
+    names: list[str]  # B moved (``Descent.bt_all``): every tensor but the stream-only ones
+    solo: list[str]  # the tensors only the stream touches (rank 0's)
+    fresh: list[str]  # the residual cache's fresh tensors (``ResidualCache.fresh``)
+    cached: list[str]  # its cached cross-correlations, in their order
+    direct: list[tuple[str, int]]  # the (tensor, axis) of its direct term, in their order
+    costs: dict[str, int]  # unit -> :func:`unit_cost`
+
+    def local(self, rank: int) -> set[str]:
+        """The tensors rank ``rank`` works on."""
+        mine = {n for n, r in self.tensor_rank.items() if r == rank}
+        return mine | set(self.solo) if rank == 0 else mine
+
+    def loads(self) -> list[int]:
+        """Each rank's share of the units' cost."""
+        out = [0] * self.world
+        for u, r in self.unit_rank.items():
+            out[r] += self.costs[u]
+        return out
+
+
+def plan(prob: Problem, shapes: Mapping[str, tuple[int, ...]], world: int) -> Plan:
+    """The units split across ``world`` ranks, and the residual step's orders (as
+    :class:`~glmc.matching.residual.ResidualCache` makes them from the whole of B)."""
+    spec, stream = prob.spec, prob.stream
+    costs = {u: unit_cost(prob, u, shapes) for u in prob.units}
+    unit_rank = dict(zip(prob.units, split([costs[u] for u in prob.units], world),
+                         strict=True))
+    occ = list(spec.occurrences(stream)) if stream is not None else []
+    solo = [n for n in dict.fromkeys(n for n, _, _ in occ) if spec.spaces_of(n) == {stream}]
+    names = [n for n in spec.axes if n not in solo]
+    tensor_rank = dict.fromkeys(names, 0)
+    for u in prob.units:
+        for n in prob.term_names(u):
+            if n in tensor_rank:
+                tensor_rank[n] = unit_rank[u]
+    counts: dict[str, int] = defaultdict(int)
+    for n, _, _ in occ:
+        if n in tensor_rank:
+            counts[n] += 1
+    fresh = sorted(n for n in names if n in prob.bundled or counts.get(n, 0) > 1)
+    direct_names = {n for n in fresh if n in counts}
+    cached = list(dict.fromkeys(n for n, _, _ in occ if counts.get(n) == 1 and n not in fresh))
+    direct = [(n, axis) for n, axis, _ in occ if n in direct_names]
+    return Plan(world, unit_rank, tensor_rank, names, solo, fresh, cached, direct, costs)
+
+
+def _fingerprint(a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions) -> tuple:
+    """What every rank must agree on before matching: the pair's tensors (names, shapes,
+    dtypes) and the options."""
+    def tensors(m: CanonicalModel) -> tuple:
+        return tuple((n, tuple(t.shape), str(t.dtype)) for n, t in m.state.items())
+
+    options = tuple((f.name, getattr(opts, f.name)) for f in fields(opts)
+                    if f.name != "row_masks")
+    masks = tuple((n, axis, int(mask.sum())) for n, (axis, mask) in opts.row_masks.items())
+    return tensors(a), tensors(b), options, masks
+
+
+def start(a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions,
+          where: str = "") -> Descent:
+    """The descent of :func:`~glmc.matching.weight.weight_matching` on this rank: spread
+    (:class:`SpreadDescent`) when the units are independent, else the single-process one.
+    Its checks first (``check_pair``; every rank holds the same pair and options), their
+    errors, like every step's, raised on every rank at once (rank 0 saying it)."""
+    held: dict = {}
+
+    def checked() -> tuple:
+        check_pair(a, b, where)
+        o = opts if opts.fix_ones is not None else replace(opts, fix_ones=fixes_ones(a, b))
+        held["opts"] = o
+        return _fingerprint(a, b, o)
+
+    prints = distributed.exchange(checked)
+    differ = [r for r, p in enumerate(prints) if p != prints[0]]
+    if differ:
+        error = GlmcError(f"weight matching across ranks: rank {differ[0]} holds another "
+                          "pair of models or other options than rank 0 (every rank must load "
+                          "the same A and B and take the same options)")
+        if not distributed.is_main():
+            error.reported_elsewhere = True  # type: ignore[attr-defined]
+        raise error
+    workspace.release_freed()  # (what the caller freed before: loading, say)
+    shapes = {n: tuple(t.shape) for n, t in a.state.items()}
+    me, world = distributed.rank(), torch.distributed.get_world_size()
+    made: list[Plan] = []
+
+    def local(prob: Problem) -> list[str]:
+        if not (prob.independent and prob.units):
+            return prob.names
+        made.append(plan(prob, shapes, world))
+        return sorted(made[0].local(me))
+
+    def problem() -> None:
+        held["prob"] = prob = Problem(a, b, held["opts"], local=local)
+        if not made:  # (chained units: every rank descends alone)
+            held["descent"] = Descent.start(prob, a.dtype)
+
+    distributed.exchange(problem)
+    if not made:
+        return held["descent"]
+    return SpreadDescent.begin(held["prob"], made[0], a.dtype)
+
+
+def _occurrence_cross(prob: Problem, bt_all: StateDict, key: tuple[str, int]) -> torch.Tensor:
+    """One occurrence's part of the residual cache's direct term (``residual_cross``)."""
+    n, axis = key
+    return (axis_first(prob.A[n], axis) @ axis_first(bt_all[n], axis).T).double()
+
+
+@dataclass
+class SpreadDescent(Descent):
+    """:class:`~glmc.matching.weight.Descent` on one rank of several: ``bt_all`` and the
+    residual cache hold this rank's tensors, ``solo`` is rank 0's; the elements and the
+    terms are every unit's, as in one process."""
+
+    plan: Plan | None = None
+    rank: int = 0
+
+    @classmethod
+    def begin(cls, prob: Problem, plan: Plan, dtype: torch.dtype) -> SpreadDescent:
+        """:meth:`Descent.start` across the ranks: rank 0 makes the residual map's start,
+        each rank moves its tensors to it, and the terms and norms are pooled."""
+        me = distributed.rank()
+        el = {s: g.identity(dtype) for s, g in prob.spec.spaces.items()}
+        solo: list[Solo] = []  # (rank 0's)
+        if prob.stream is not None:
+            def root():
+                solo.append(Solo.of(prob, prob.stream))
+                return residual_start(prob, solo[0], dtype)
+
+            el[prob.stream] = distributed.from_root(root)
+        prob.release(plan.solo)  # (their term is ⟨T, const⟩ from here on: rank 0's)
+        mine = [n for n in plan.names if plan.tensor_rank[n] == me]
+        held: dict = {}
+
+        def local():
+            held["bt"] = bt_all = prob.apply(el, set(), mine)
+            held["cache"] = cache = (None if prob.stream is None else
+                                     ResidualCache(prob, prob.stream, el[prob.stream], bt_all))
+            if cache is not None:  # (the plan's orders are the cache's, restricted)
+                assert cache.fresh == [n for n in plan.fresh if n in bt_all]
+                assert list(cache.axis) == [n for n in plan.cached if n in bt_all]
+                assert set(cache.direct) == {n for n, _ in plan.direct if n in bt_all}
+            terms = prob.terms(bt_all)
+            if solo:
+                terms["<solo>"] = solo[0].term(el[prob.stream])
+            return terms, prob.sq_a, prob.sq_b
+
+        parts = distributed.exchange(local)
+        pooled = [{k: v for p in parts for k, v in p[i].items()} for i in range(3)]
+        terms = {n: pooled[0][n] for n in plan.names}
+        if prob.stream is not None:
+            terms["<solo>"] = pooled[0]["<solo>"]
+        prob.sq_a = {n: pooled[1][n] for n in prob.names}  # (in the order they are summed)
+        prob.sq_b = {n: pooled[2][n] for n in prob.names}
+        if prob.opts.hand_over:  # (the models handed over: this rank reads no other tensor)
+            keep = plan.local(me)
+            for n in prob.names:
+                if n not in keep:
+                    prob.A.drop(n)
+                    prob.B.drop(n)
+        d = cls(prob, el, held["bt"], terms, held["cache"], solo[0] if solo else None,
+                scale=prob.scale(), plan=plan, rank=me)
+        d.init_distance = d.distance()
+        return d
+
+    def iterate(self, it: int, due: list[str], workers: Workers, sweeps: Sweeps) -> dict:
+        """:meth:`Descent.iterate`: this rank's due units, then every unit's step taken by
+        every rank, then the residual step."""
+        assert self.plan is not None
+        cpu: dict[str, float] = defaultdict(float)
+        changed, rejected, t0 = 0, 0, time.perf_counter()
+        mine = [u for u in due if self.plan.unit_rank[u] == self.rank]
+
+        def local() -> list[tuple]:
+            out = []
+            for step in solved_in_order(workers.pool, workers.depth, self.prob, self.cache,
+                                        mine, self.el, self.bt_all):
+                self.take(step)
+                out.append((step.unit, step.same, step.rejected, step.new, step.terms,
+                            step.seconds))
+            return out
+
+        steps = {s[0]: s for part in distributed.exchange(local) for s in part}
+        for unit in due:
+            _, same, was_rejected, new, terms, seconds = steps[unit]
+            if self.plan.unit_rank[unit] != self.rank:  # (this rank's are taken)
+                self.el.update(new)
+                self.terms.update(terms)
+            changed += not same
+            rejected += was_rejected
+            sweeps.solved(unit, same, it)
+            cpu[self.prob.spec.roles.get(unit, "permutation")] += seconds
+        return self.finish_iteration(it, len(due), changed, rejected,
+                                     time.perf_counter() - t0, cpu)
+
+    def step_residual(self) -> bool:
+        """:meth:`Descent.step_residual` across the ranks (see the module's docstring)."""
+        assert self.cache is not None and self.plan is not None
+        prob, cache, plan, el = self.prob, self.cache, self.plan, self.el
+        space = prob.stream
+        assert space is not None
+        t = el[space]
+        d = prob.spec.spaces[space].size
+        distributed.exchange(lambda: cache.refresh(cache.fresh, el))
+        const = self.solo.const if self.solo is not None else None
+        m = distributed.ordered_sum(
+            [("<const>", 0)] + [(n, plan.tensor_rank[n]) for n in plan.cached],
+            lambda k: const if k == "<const>" else cache.cross[k], (d, d))  # type: ignore
+        c = distributed.ordered_sum(
+            [(key, plan.tensor_rank[key[0]]) for key in plan.direct],
+            lambda key: _occurrence_cross(prob, cache.bt_all, key), (d, d))  # type: ignore
+
+        def root():
+            total = m
+            if plan.direct:  # (quadratic terms are linearised at T)
+                total = total + c @ t.matrix(torch.float64)
+            return prob.solve_stream(total, t)
+
+        new = distributed.from_root(root)
+        held: dict = {}
+
+        def local() -> dict[str, float]:
+            terms, held["moved"] = cache.terms(new, el)
+            if self.solo is not None:
+                terms["<solo>"] = self.solo.term(new)
+            return terms
+
+        pooled = {k: v for part in distributed.exchange(local) for k, v in part.items()}
+        terms = {n: pooled[n] for n in [*plan.fresh, *plan.cached, "<solo>"]}
+        before = sum(self.terms[n] for n in terms)
+        if sum(terms.values()) > before + 1e-12 * abs(before):
+            return False
+        el[space] = new
+        self.terms.update(terms)
+        cache.moved(held["moved"], new)
+        return True

@@ -1,0 +1,140 @@
+"""``glmc align`` hands the pair over to weight matching: the models' tensors are freed as the
+matching stops reading them and B aligned is made from B's folder read again, with the same
+transform and the same written weights, bit for bit, as aligning the models kept in memory.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import glmc
+import glmc.cli.align
+from glmc.cli.align import aligned_from_folder
+from glmc.cli.main import main
+from glmc.io.folders import folder_stamp, load_model
+from glmc.matching.problem import Problem
+from glmc.matching.weight import Descent, WeightMatchingOptions, fixes_ones
+from glmc.methods import AlignOptions
+
+PAIRS = ("gpt2", "llama")
+
+
+def save_pair(h, root: Path, arch: str, dtype: torch.dtype = torch.float32) -> tuple[Path, Path]:
+    """A random pair of tiny ``arch`` models (Llama with grouped-query attention) saved as
+    transformers saves them."""
+    folders = []
+    for seed in (0, 1):
+        t = (h.make_tiny(arch, seed=seed, tied=False) if arch == "gpt2" else
+             h.make_tiny(arch, seed=seed, n_layer=2, n_head=4, n_kv_head=2, d_mlp=40))
+        t.stock.to(dtype).save_pretrained(str(root / f"m{seed}"))
+        folders.append(root / f"m{seed}")
+    return folders[0], folders[1]
+
+
+def same_elements(x: glmc.api.Alignment, y: glmc.api.Alignment) -> None:
+    ex, ey = x.transform.elements, y.transform.elements
+    assert ex.keys() == ey.keys()
+    for name in ex:
+        tx, ty = ex[name].tensors(), ey[name].tensors()
+        assert tx.keys() == ty.keys(), name
+        for key in tx:
+            assert tx[key].dtype == ty[key].dtype and torch.equal(tx[key], ty[key]), (name, key)
+
+
+@pytest.mark.parametrize("arch", PAIRS)
+@pytest.mark.parametrize("method", ["weight", "weight-perm"])
+def test_a_handed_over_pair_aligns_as_one_kept_in_memory(h, tmp_path, arch, method):
+    """Every element of the transform torch.equal, the same trace, B aligned the same tensor
+    by tensor; the handed-over models are left empty. (The Llama pair is stored in bfloat16:
+    A's copies are kept in it, see the next test.)"""
+    fa, fb = save_pair(h, tmp_path, arch,
+                       dtype=torch.bfloat16 if arch == "llama" else torch.float32)
+    kept = glmc.align(load_model(fa), load_model(fb), method=method, max_iter=4)
+    la, lb = load_model(fa), load_model(fb)
+    over = glmc.align(la, lb, method=method, options=AlignOptions(max_iter=4, hand_over=True))
+    assert over.aligned is None and not la.canonical.state and not lb.canonical.state
+    same_elements(kept, over)
+    strip = [{k: v for k, v in row.items() if "seconds" not in k} for row in kept.match.trace]
+    assert [{k: v for k, v in row.items() if "seconds" not in k}
+            for row in over.match.trace] == strip
+    assert over.match.init_distance == kept.match.init_distance
+    aligned = aligned_from_folder(fb, over.b, over.transform, folder_stamp(fb))
+    assert aligned.state.keys() == kept.aligned.state.keys()
+    for name, t in kept.aligned.state.items():
+        assert torch.equal(aligned.state[name], t), name
+    assert aligned.files == kept.aligned.files
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_handed_over_tensors_are_freed_as_the_matching_stops_reading_them(h, tmp_path,
+                                                                              dtype):
+    """After the problem is made, A's own tensors that the steps read are gone (their weighted
+    copies replace them; stored in bfloat16, the tensors themselves in it, weighed when read:
+    the same copies); after the start, B's and the tensors only the stream touches too."""
+    fa, fb = save_pair(h, tmp_path, "llama", dtype=dtype)
+    a, b = load_model(fa).canonical, load_model(fb).canonical
+    opts = WeightMatchingOptions(hand_over=True, fix_ones=fixes_ones(a, b))
+    kept = Problem(load_model(fa).canonical, load_model(fb).canonical, replace(opts,
+                                                                              hand_over=False))
+    refs = {(who, n): weakref.ref(t) for who, m in (("a", a), ("b", b))
+            for n, t in m.state.items()}
+    prob = Problem(a, b, opts)
+    solo = {n for n in prob.names if prob.spec.spaces_of(n) == {prob.stream}}
+    steps = [n for n in prob.names if n not in solo]
+    assert solo and all(refs["a", n]() is None for n in steps)
+    assert all(refs["a", n]() is not None for n in solo)
+    for n in steps:
+        assert torch.equal(prob.A[n], kept.A[n]) and prob.A[n].dtype == torch.float32, n
+        if n in prob.A._packed:  # (a placeholder: the values are kept in bfloat16)
+            assert a.state[n].device.type == "meta" and a.state[n].dtype == torch.float32
+            assert prob.A._packed[n][0].dtype == torch.bfloat16
+        else:
+            assert a.state[n] is prob.A[n]
+    # (stored in bfloat16, the writers are as stored; the readers carry the norms' gains)
+    writers = {n for n in steps if n.endswith(("attn.o.weight", "mlp.proj.weight"))}
+    assert set(prob.A._packed) == (writers if dtype == torch.bfloat16 else set())
+    assert prob.sq_a == kept.sq_a and prob.sq_b == kept.sq_b
+    descent = Descent.start(prob, torch.float32)
+    assert all(r() is None for r in refs.values())
+    assert set(a.state) == set(steps) and not b.state
+    assert descent.init_distance == Descent.start(kept, torch.float32).init_distance
+
+
+def test_a_folder_changed_since_it_was_loaded_is_not_read_again(h, tmp_path):
+    fa, fb = save_pair(h, tmp_path, "gpt2")
+    stamp = folder_stamp(fb)
+    over = glmc.align(load_model(fa), load_model(fb), max_iter=1, hand_over=True)
+    h.make_tiny("gpt2", seed=2, tied=False).stock.float().save_pretrained(str(fb))
+    with pytest.raises(glmc.errors.GlmcError, match="changed on disk since it was loaded"):
+        aligned_from_folder(fb, over.b, over.transform, stamp)
+
+
+@pytest.mark.parametrize("arch", PAIRS)
+def test_align_writes_the_same_folder_handed_over(h, tmp_path, arch, monkeypatch):
+    """``glmc align`` (handed over) and the same command with the models kept in memory
+    write the same weights and the same transform, in the stored dtype (bfloat16)."""
+    fa, fb = save_pair(h, tmp_path, arch, dtype=torch.bfloat16)
+    calls = []
+    made = glmc.cli.align.aligned_from_folder
+    monkeypatch.setattr(glmc.cli.align, "aligned_from_folder",
+                        lambda *args: calls.append(args[0]) or made(*args))
+    assert main(["align", str(fa), str(fb), "-o", str(tmp_path / "over"), "--iters", "3",
+                 "--json"]) == 0
+    assert calls == [str(fb)]  # (B read again: it was handed over)
+    monkeypatch.setattr(glmc.cli.align, "hands_over", lambda args: False)
+    assert main(["align", str(fa), str(fb), "-o", str(tmp_path / "kept"), "--iters", "3",
+                 "--json"]) == 0
+    assert calls == [str(fb)]
+    for name in ("model.safetensors", "transform.safetensors"):
+        over, kept = (load_file(str(tmp_path / d / name)) for d in ("over", "kept"))
+        assert over.keys() == kept.keys()
+        for k, t in kept.items():
+            assert over[k].dtype == t.dtype and torch.equal(over[k], t), (name, k)
+    assert {t.dtype for t in load_file(str(tmp_path / "over" / "model.safetensors")).values()} \
+        == {torch.bfloat16}
