@@ -88,15 +88,12 @@ def release_memory() -> None:
     models' tensors in one) and hand the heap's free memory back to the system (glibc's
     ``malloc_trim``, where there is one), between the phases of a command on large models:
     the next phase's peak does not then sit on the last one's leftovers."""
-    import contextlib
-    import ctypes
     import gc
-    import sys
+
+    from glmc.matching.workspace import release_freed
 
     gc.collect()
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):  # (not glibc)
-            ctypes.CDLL(None).malloc_trim(0)
+    release_freed()
 
 
 @contextmanager
