@@ -79,9 +79,26 @@ def decoder_config(model_type: str, *, n_layer: int = 2, d: int = 32, n_head: in
     return cls(**common, num_key_value_heads=n_kv_head, **extra)
 
 
+def encoder_config(model_type: str, *, n_layer: int = 2, d: int = 32, n_head: int = 4,
+                   vocab: int = 50, n_positions: int = 24, d_mlp: int = 48,
+                   head: str = "masked_lm", tied: bool = True, num_labels: int = 3,
+                   **extra: Any) -> Any:
+    """A post-LayerNorm encoder's config (bert, roberta) with a masked-LM head or
+    (``head="sequence_classifier"``) a classifier of ``num_labels`` classes."""
+    from transformers import BertConfig, RobertaConfig
+
+    cls, stem = {"bert": (BertConfig, "Bert"), "roberta": (RobertaConfig, "Roberta")}[model_type]
+    suffix = "ForMaskedLM" if head == "masked_lm" else "ForSequenceClassification"
+    return cls(hidden_size=d, num_hidden_layers=n_layer, num_attention_heads=n_head,
+               intermediate_size=d_mlp, vocab_size=vocab, max_position_embeddings=n_positions,
+               tie_word_embeddings=tied, num_labels=num_labels, type_vocab_size=2,
+               architectures=[stem + suffix], **extra)
+
+
 CONFIGS = {"gpt2": gpt2_config, "vit": vit_config,
            **{t: functools.partial(decoder_config, t)
-              for t in ("llama", "mistral", "qwen2", "gpt_neox")}}
+              for t in ("llama", "mistral", "qwen2", "gpt_neox")},
+           **{t: functools.partial(encoder_config, t) for t in ("bert", "roberta")}}
 
 
 def randomize(model: nn.Module, seed: int) -> nn.Module:

@@ -365,10 +365,10 @@ def _break_no_config(folder):
     return folder, "config.json is missing"
 
 
-def _break_bert(folder):
+def _break_t5(folder):
     cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "bert"}))
-    return folder / "config.json", "unsupported architecture 'bert' (supported: "
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "t5"}))
+    return folder / "config.json", "unsupported architecture 't5' (supported: "
 
 
 def _break_bad_json(folder):
@@ -408,7 +408,7 @@ def _break_pickle(folder):
 
 
 BREAKERS = {f.__name__.removeprefix("_break_"): f for f in (
-    _break_not_a_folder, _break_missing_path, _break_no_config, _break_bert, _break_bad_json,
+    _break_not_a_folder, _break_missing_path, _break_no_config, _break_t5, _break_bad_json,
     _break_shape, _break_nan, _break_no_weights, _break_corrupt_weights, _break_pickle)}
 
 

@@ -135,9 +135,9 @@ def test_to_stock_rejects_another_architecture(h):
 
 
 def test_importer_for_unknown_type_lists_supported():
-    supported = "gpt2, gpt_neox, llama, mistral, qwen2, vit"
-    with pytest.raises(GlmcError, match=rf"'bert'.*supported: {supported}"):
-        importer_for("bert", "somewhere/config.json")
+    supported = "bert, gpt2, gpt_neox, llama, mistral, qwen2, roberta, vit"
+    with pytest.raises(GlmcError, match=rf"'t5'.*supported: {supported}"):
+        importer_for("t5", "somewhere/config.json")
     assert importer_for("gpt2").name == "gpt2"
 
 

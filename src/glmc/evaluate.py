@@ -35,8 +35,10 @@ import torch.nn.functional as F
 from glmc.data import (
     DATASETS,
     HF_TOKENIZER_FILE,
+    IGNORE,
     TOKENIZER_FILE,
     Dataset,
+    LabelledText,
     TextDataset,
     Tokenizer,
     fits_vocabulary,
@@ -153,9 +155,10 @@ def load_eval_data(
         GlmcError: unreadable, empty or malformed data, text the tokenizer cannot encode, or
             no tokenizer that matches the model's vocabulary.
     """
+    task = task_of(config)
     if not isinstance(data, (str, Path)):
-        return data
-    if not task_of(config).text:
+        return task.view(config, data)
+    if not task.text:
         return load_dataset(str(data), seed=seed)  # images: no tokenizer
     source = None if tokenizer is None else "--tokenizer"
     if tokenizer is None:
@@ -163,6 +166,12 @@ def load_eval_data(
     if tokenizer is not None and not isinstance(tokenizer, str):
         _check_vocab(tokenizer, config, f"{source}: the tokenizer")
     ds = _load_text(data, tokenizer, source, seed)
+    if isinstance(ds, LabelledText):
+        if tokenizer is None:
+            raise GlmcError(f"{data}: no tokenizer is known for the model (no "
+                            f"{TOKENIZER_FILE} or tokenizer.json beside it), so the text's "
+                            "token ids would be a guess; pass --tokenizer")
+        _check_vocab(ds.tokenizer, config, f"{data}: the tokenizer")
     if isinstance(ds, TextDataset):
         if tokenizer is None and str(data).lower() not in DATASETS:
             raise GlmcError(f"{data}: no tokenizer is known for the model (no "
@@ -172,7 +181,7 @@ def load_eval_data(
         tried = ds.tokenizer.kind if tokenizer is None or isinstance(tokenizer, str) else None
         _check_vocab(ds.tokenizer, config,
                      f"{data}: the {ds.tokenizer.kind} tokenizer of the data", tried)
-    return ds
+    return task.view(config, ds)
 
 
 #: How to give text a tokenizer (the command-line option, or ``tokenizer=`` in Python).
@@ -199,11 +208,12 @@ def tokenizer_fix(vocab: int, tried: str | None = None) -> str:
 
 
 def _check_vocab(tokenizer: Tokenizer, config: Any, what: str, tried: str | None = None) -> None:
-    if not fits_vocabulary(tokenizer, config.vocab_size):
+    vocab = task_of(config).text_vocab(config)
+    if not fits_vocabulary(tokenizer, vocab):
         size = tokenizer.vocab_size
-        raise GlmcError(f"{what} has {size} tokens, the model's vocabulary {config.vocab_size}; "
+        raise GlmcError(f"{what} has {size} tokens, the model's vocabulary {vocab}; "
                         "the token ids would not be the model's "
-                        f"({tokenizer_fix(config.vocab_size, tried)})")
+                        f"({tokenizer_fix(vocab, tried)})")
 
 
 def _load_text(data: str | Path, tokenizer: str | Tokenizer | None, source: str | None,
@@ -423,7 +433,8 @@ class Evaluator:
         self.params: dict[str, torch.Tensor] = dict(self.module.state_dict(keep_vars=True))
         self.batches = [(x.to(self.device, dtype) if x.is_floating_point() else
                          x.to(self.device), y.to(self.device)) for x, y in batches]
-        self.count = sum(y.numel() for _, y in self.batches)
+        # (targets IGNORE are not scored: a masked LM's unmasked tokens)
+        self.count = sum(int((y != IGNORE).sum()) for _, y in self.batches)
         self._others: list[Evaluator] = []  # modules of other configs (see evaluate_along)
 
     def prepare(self, state: Mapping[str, torch.Tensor]) -> StateDict:

@@ -7,6 +7,10 @@ Evaluation, the barrier, certificates and training ask the task, never the archi
 - ``causal_lm``: token ids (B, T) -> logits (B, T, V); loss per predicted token.
 - ``image_classifier``: images (B, C, H, W) -> logits (B, classes); loss and top-1 accuracy
   per image.
+- ``masked_lm``: token ids (B, T) with 15% of them masked -> logits (B, T, V); loss per
+  masked token (targets elsewhere are ``IGNORE``), the masks drawn with a fixed seed.
+- ``sequence_classifier``: token ids (B, T) -> logits (B, classes); loss and accuracy per
+  example of a labelled ``.tsv`` (batches of one length: nothing padded).
 """
 
 from __future__ import annotations
@@ -15,7 +19,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from glmc.data import Dataset, TextDataset, check_images_fit, check_text_fits
+from glmc.data import (
+    Dataset,
+    LabelledText,
+    MaskedText,
+    TextDataset,
+    check_images_fit,
+    check_text_fits,
+)
 from glmc.defaults import DEFAULT_IMAGE_BATCH, TEXT_LOGITS_BUDGET
 from glmc.errors import GlmcError
 
@@ -47,6 +58,15 @@ class Task:
         """The model's own window length (text), None for images."""
         return None
 
+    def view(self, config: Any, dataset: Dataset) -> Dataset:
+        """``dataset`` as a model of ``config`` reads it (masked, for a masked LM)."""
+        return dataset
+
+    def text_vocab(self, config: Any) -> int:
+        """The token ids a text model's tokenizer gives: its vocabulary, less the ids it adds
+        itself (a mask token glmc's training appended)."""
+        return config.vocab_size
+
     def same_interface(self, a: Any, b: Any, where: str) -> None:
         """Raise unless models of configs ``a`` and ``b`` take the same inputs and outputs."""
         if a.task != b.task:
@@ -55,6 +75,14 @@ class Task:
             if getattr(a, k) != getattr(b, k):
                 raise GlmcError(f"{where}: models differ in {k} ({getattr(a, k)} vs "
                                 f"{getattr(b, k)})")
+
+
+def max_context(config: Any) -> int:
+    """The longest input of a text model, canonical or stock config alike."""
+    for key in ("max_context", "n_positions", "max_position_embeddings"):
+        if getattr(config, key, None) is not None:
+            return int(getattr(config, key))
+    raise GlmcError(f"{type(config).__name__} names no maximum context")
 
 
 class CausalLM(Task):
@@ -67,10 +95,11 @@ class CausalLM(Task):
         if not isinstance(dataset, TextDataset):
             raise GlmcError(f"{where} is a language model, but dataset '{dataset.name}' "
                             "holds images")
-        context = config.n_positions if context is None else context
+        longest = max_context(config)
+        context = longest if context is None else context
         if context < 1:
             raise GlmcError(f"context must be at least 1, got {context}")
-        check_text_fits(dataset, config.vocab_size, context, config.n_positions)
+        check_text_fits(dataset, config.vocab_size, context, longest)
         n = dataset.split(split).numel()
         if n < context + 1:
             raise GlmcError(f"dataset '{dataset.name}': the {split} split has {n} tokens, too "
@@ -84,11 +113,87 @@ class CausalLM(Task):
     def random_inputs(self, config: Any, n: int, seq: int, seed: int,
                       dtype: torch.dtype) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed)
-        return torch.randint(0, config.vocab_size, (n, min(seq, config.n_positions)),
+        return torch.randint(0, config.vocab_size, (n, min(seq, max_context(config))),
                              generator=g)
 
     def context(self, config: Any) -> int | None:
-        return config.n_positions
+        return max_context(config)
+
+
+#: Mask tokens of the usual tokenizers (BERT's, RoBERTa's), looked up when a config names none.
+MASK_TOKENS = ("[MASK]", "<mask>")
+
+
+class MaskedLM(CausalLM):
+    """A masked-language model: text windows with 15% of the tokens masked (80/10/10), the
+    masks drawn from a generator seeded by ``MASK_SEED``; the loss is over masked tokens."""
+
+    name = "masked_lm"
+    MASK_SEED = 0
+
+    def mask_id(self, config: Any, dataset: TextDataset) -> int:
+        """The config's ``mask_token_id``, else the tokenizer's ``[MASK]`` or ``<mask>``."""
+        known = getattr(config, "mask_token_id", None)
+        if known is not None:
+            return int(known)
+        lookup = getattr(getattr(dataset.tokenizer, "_tokenizer", None), "token_to_id", None)
+        for token in MASK_TOKENS if lookup is not None else ():
+            found = lookup(token)
+            if found is not None:
+                return int(found)
+        raise GlmcError(f"dataset '{dataset.name}': no mask token is known for this "
+                        "masked-language model (its config has no mask_token_id and the "
+                        f"tokenizer no {' or '.join(MASK_TOKENS)}); evaluate it with its own "
+                        "tokenizer.json beside it")
+
+    def text_vocab(self, config: Any) -> int:
+        appended = getattr(config, "mask_token_id", None) == config.vocab_size - 1
+        return config.vocab_size - 1 if appended else config.vocab_size
+
+    def view(self, config: Any, dataset: Dataset) -> Dataset:
+        if not isinstance(dataset, TextDataset):
+            return dataset  # (check_fits says why it does not fit)
+        mask = self.mask_id(config, dataset)
+        if not 0 <= mask < config.vocab_size:
+            raise GlmcError(f"mask token {mask} is outside the model's {config.vocab_size} "
+                            "tokens")
+        return MaskedText.of(dataset, mask, self.MASK_SEED)
+
+
+class SequenceClassifier(Task):
+    """Token ids -> one class per sequence (a classifier on the first token)."""
+
+    name = "sequence_classifier"
+    classifier = True
+    text = True
+    interface = ("vocab_size", "n_positions", "num_labels")
+
+    def check_fits(self, config: Any, dataset: Dataset, split: str, context: int | None,
+                   where: str) -> int | None:
+        if not isinstance(dataset, LabelledText):
+            raise GlmcError(f"{where} is a sequence classifier: give labelled text, a .tsv "
+                            f"of LABEL<TAB>TEXT lines (dataset '{dataset.name}' is not)")
+        longest = max_context(config)
+        context = longest if context is None else min(context, longest)
+        if dataset.vocab_size > config.vocab_size:
+            raise GlmcError(f"{dataset.name}: its tokenizer has {dataset.vocab_size} tokens, "
+                            f"the model's vocabulary {config.vocab_size}")
+        if dataset.num_classes > config.num_labels:
+            raise GlmcError(f"{dataset.name} has labels up to {dataset.num_classes - 1}, but "
+                            f"the model has {config.num_labels} classes")
+        if not dataset.split(split):
+            raise GlmcError(f"{dataset.name}: the {split} split is empty")
+        return context
+
+    def default_batch_size(self, config: Any, context: int | None) -> int:
+        return 32
+
+    def random_inputs(self, config: Any, n: int, seq: int, seed: int,
+                      dtype: torch.dtype) -> torch.Tensor:
+        return CAUSAL.random_inputs(config, n, seq, seed, dtype)
+
+    def context(self, config: Any) -> int | None:
+        return max_context(config)
 
 
 class ImageClassifier(Task):
@@ -116,7 +221,9 @@ class ImageClassifier(Task):
         return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
 
 
-TASKS: dict[str, Task] = {t.name: t for t in (CausalLM(), ImageClassifier())}
+CAUSAL = CausalLM()
+TASKS: dict[str, Task] = {t.name: t for t in (CAUSAL, ImageClassifier(), MaskedLM(),
+                                              SequenceClassifier())}
 
 
 def task_of(config: Any) -> Task:

@@ -22,6 +22,8 @@ _EXPORTS = {
     **dict.fromkeys(("check_images_fit", "check_text_fits"), "glmc.data.checks"),
     "ImageDataset": "glmc.data.images",
     "TextDataset": "glmc.data.text",
+    "LabelledText": "glmc.data.labelled",
+    **dict.fromkeys(("IGNORE", "MaskedText", "mask_tokens"), "glmc.data.masked"),
     **dict.fromkeys(("TOKENIZER_FILE", "HF_TOKENIZER_FILE", "CharTokenizer", "Gpt2Tokenizer",
                      "HFTokenizer", "Tokenizer", "fits_vocabulary", "tokenizer_file",
                      "load_tokenizer", "save_tokenizer", "tokenizer_from_json"),

@@ -23,5 +23,6 @@ DATASETS: Mapping[str, str] = MappingProxyType({
 """Name -> one-line description of every named dataset; any path is accepted as well."""
 
 PATH_HELP = (
-    "a UTF-8 text file (character-level), a .npz of images and labels, or a folder of IDX files"
+    "a UTF-8 text file (character-level), a .tsv of labelled text (LABEL<TAB>TEXT lines), a "
+    ".npz of images and labels, or a folder of IDX files"
 )

@@ -11,6 +11,7 @@ from glmc.data.catalog import DATASETS, PATH_HELP
 from glmc.data.csv_images import load_digits, load_mnist5k
 from glmc.data.idx import load_fashion_mnist, load_idx_folder
 from glmc.data.images import ImageDataset
+from glmc.data.labelled import LabelledText, load_labelled_text
 from glmc.data.npz import load_npz
 from glmc.data.shakespeare import shakespeare_text
 from glmc.data.text import TextDataset, text_dataset
@@ -18,7 +19,7 @@ from glmc.data.text_file import load_text_file
 from glmc.data.tokenizers import TOKENIZER_KINDS, Tokenizer
 from glmc.errors import GlmcError
 
-Dataset = Union[TextDataset, ImageDataset]  # noqa: UP007 - a runtime alias, also for 3.10
+Dataset = Union[TextDataset, ImageDataset, LabelledText]  # noqa: UP007 - a runtime alias
 
 __all__ = ["DATASETS", "PATH_HELP", "Dataset", "load_dataset"]
 
@@ -55,7 +56,8 @@ def load_dataset(
     Args:
         name_or_path: a name from :data:`DATASETS` (case-insensitive; names win over files of
             the same name, so write ``./digits`` for such a file), or the path of a text file,
-            an ``.npz`` archive, or a folder of IDX files.
+            a ``.tsv`` of labelled text (``LABEL<TAB>TEXT`` lines), an ``.npz`` archive, or a
+            folder of IDX files.
         seed: chooses the shuffled splits of image datasets (text splits are contiguous).
         context: for text, the default window length, checked to fit every split.
             Ignored for images.
@@ -85,6 +87,8 @@ def load_dataset(
     if path.suffix.lower() == ".npz":
         _check_tokenizer(name_or_path, tokenizer, is_text=False)
         return load_npz(path, seed)
+    if path.suffix.lower() == ".tsv":
+        return load_labelled_text(path, tokenizer, context)
     return load_text_file(path, tokenizer, context)
 
 

@@ -65,7 +65,7 @@ from glmc.symmetry.transform import Transform
 Batch = tuple[torch.Tensor, torch.Tensor]
 #: The nonlinearities a probe may name (``Probe.activation``).
 ACTIVATIONS: dict[str | None, Callable[[torch.Tensor], torch.Tensor]] = {
-    None: lambda y: y, "relu": torch.relu}
+    None: lambda y: y, "relu": torch.relu, "tanh": torch.tanh}
 #: What a unit's activation is: after the nonlinearity (Git Re-Basin's), or before and after.
 VARIANTS = ("post", "prepost")
 

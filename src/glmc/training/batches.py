@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glmc.data import Dataset, TextDataset
+from glmc.data import IGNORE, Dataset, TextDataset
 from glmc.errors import GlmcError
 from glmc.families.registry import arch_named
 from glmc.training.options import TrainConfig
@@ -85,7 +85,7 @@ def evaluate(
         flat, target = logits.reshape(-1, logits.shape[-1]).float(), y.to(device).reshape(-1)
         loss_sum += float(F.cross_entropy(flat, target, reduction="sum"))
         correct += int((flat.argmax(-1) == target).sum())
-        count += target.numel()
+        count += int((target != IGNORE).sum())  # (a masked LM scores its masked tokens)
     model.train(was_training)
     if count == 0:
         raise GlmcError(f"dataset '{ds.name}': the {split} split is empty")

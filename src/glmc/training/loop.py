@@ -32,6 +32,7 @@ from glmc.families.base import Arch
 from glmc.io.atomic import atomic_dir, atomic_path
 from glmc.io.folders import TRAIN_FILE
 from glmc.io.outputs import BYTES_PER_PARAM, check_free_space, model_bytes, output_errors
+from glmc.tasks import TASKS
 from glmc.training.batches import BatchStream, evaluate
 from glmc.training.checkpoint import (
     checkpoint_path,
@@ -129,6 +130,7 @@ def _run(
     """Load the data, start (or resume) the session, step it to the end, write ``out``."""
     ds = load_training_data(cfg)
     arch, config = model_config(cfg, ds)
+    ds = TASKS[arch.task].view(config, ds)  # (masked, for a masked LM)
     check_free_space(out, _output_bytes(arch, config), out)
     summary = data_summary(ds)
     state = _checkpoint_to_resume(out, cfg, ds, summary, resume, progress)

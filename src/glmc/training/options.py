@@ -36,9 +36,10 @@ class TrainConfig:
     from the data.
 
     Attributes:
-        arch: an architecture name (:data:`ARCHS`): ``"gpt2"`` (GPT2LMHeadModel on text),
-            ``"vit"`` (ViTForImageClassification), ``"mlp"``, ``"vgg11"``, ``"vgg16"``,
-            ``"resnet20"`` (the convnet family) on images.
+        arch: an architecture name (:data:`ARCHS`): ``"gpt2"``, ``"llama"``, ``"gpt-neox"``
+            (causal LMs on text), ``"bert"`` (BertForMaskedLM on text, 15% of tokens
+            masked), ``"vit"`` (ViTForImageClassification), ``"mlp"``, ``"vgg11"``,
+            ``"vgg16"``, ``"resnet20"`` (the convnet family) on images.
         data: a dataset name (see :data:`glmc.data.DATASETS`) or a path.
         seed: initialisation, batch order and dropout.
         data_seed: the train/val/test split of image datasets (text splits are contiguous). Keep

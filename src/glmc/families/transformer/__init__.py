@@ -1,14 +1,15 @@
 """The transformer family: GPT-2, ViT, Llama, Mistral, Qwen2 and GPT-NeoX imported exactly
 into one canonical pre-norm transformer whose norms are weightless RMSNorms, so that the
-residual stream carries an orthogonal symmetry (see docs/design.md).
+residual stream carries an orthogonal symmetry (see docs/design.md); BERT and RoBERTa into
+its post-norm form, whose stream keeps its LayerNorms and a permutation symmetry.
 
 - ``family``: the family (:class:`TransformerFamily`); ``model``: the canonical config and
   module; ``spec``: its symmetry spec;
-- ``gpt2``, ``vit``, ``llama`` (Llama, Mistral, Qwen2), ``gpt_neox``: importers from the
-  transformers classes and back; ``stock``, ``rewrite``: what they share; ``circuit``:
-  attention in circuit form;
+- ``gpt2``, ``vit``, ``llama`` (Llama, Mistral, Qwen2), ``gpt_neox``, ``bert`` (BERT,
+  RoBERTa): importers from the transformers classes and back; ``stock``, ``rewrite``: what
+  they share; ``circuit``: attention in circuit form;
 - ``train``: the stock architectures ``glmc train`` trains (``gpt2``, ``vit``, ``llama``,
-  ``gpt-neox``).
+  ``gpt-neox``, ``bert``).
 
 This module only declares them (torch-free); each loads on first use.
 """
@@ -25,6 +26,8 @@ declare_importer(("llama",), f"{_HERE}.llama:LlamaImporter")
 declare_importer(("mistral",), f"{_HERE}.llama:MistralImporter")
 declare_importer(("qwen2",), f"{_HERE}.llama:Qwen2Importer")
 declare_importer(("gpt_neox",), f"{_HERE}.gpt_neox:GPTNeoXImporter")
+declare_importer(("bert",), f"{_HERE}.bert:BertImporter")
+declare_importer(("roberta",), f"{_HERE}.bert:RobertaImporter")
 declare_arch("gpt2", task="causal_lm", help="GPT2LMHeadModel on text",
              impl=f"{_HERE}.train:GPT2Arch")
 declare_arch("vit", task="image_classifier", help="ViTForImageClassification on images",
@@ -33,6 +36,8 @@ declare_arch("llama", task="causal_lm", help="LlamaForCausalLM (grouped-query at
              "SwiGLU, rotary) on text", impl=f"{_HERE}.train:LlamaArch")
 declare_arch("gpt-neox", task="causal_lm", help="GPTNeoXForCausalLM as in Pythia (partial "
              "rotary, parallel residual) on text", impl=f"{_HERE}.train:GPTNeoXArch")
+declare_arch("bert", task="masked_lm", help="BertForMaskedLM (post-LayerNorm encoder) on "
+             "text, 15% of tokens masked", impl=f"{_HERE}.train:BertArch")
 
 # The family's code, loaded on first use (it imports torch).
 _EXPORTS = {

@@ -31,8 +31,15 @@ def transformer_probes(cfg: CanonicalConfig) -> list[Probe]:
       group side by side). Circuit-form heads have no such point: their OV circuit acts
       inside the attention.
 
+    - an encoder's ``head`` (masked LM, untied): the LayerNorm's output the token predictions
+      read; ``pool`` (classifier): the pooled units, before their tanh.
+
     None carries an affine: REPAIR does not apply."""
     probes = [Probe("embed", RES, axis=-1, stream=True)]
+    if cfg.task == "masked_lm" and not cfg.tied_head:
+        probes.append(Probe("head.norm", "head", axis=-1))
+    if cfg.task == "sequence_classifier":
+        probes.append(Probe("pool", "pool", activation="tanh", axis=-1))
     for i in range(cfg.n_layer):
         block = f"blocks.{i}"
         if cfg.attention == "heads":
@@ -55,7 +62,10 @@ class TransformerFamily(Family):
     def uncentred_writer(self, model: CanonicalModel, tol: float) -> tuple[str, float] | None:
         """When every residual writer is mean-zero the stream never leaves the
         ones-complement, so every norm acts as a LayerNorm would. (The final norm's bias is
-        added after the last norm: not a writer.)"""
+        added after the last norm: not a writer.) An encoder's stream is never centred: its
+        LayerNorms stay, and its permutations need nothing of it."""
+        if model.config.norm_position == "post":
+            return None
         spec = model.spec
         for s in (s for s, role in spec.roles.items() if role == "residual"):
             for n, axis, var in spec.occurrences(s):
@@ -72,5 +82,6 @@ class TransformerFamily(Family):
         return to_circuit(model)
 
     def token_rows(self, config: Any) -> dict[str, int]:
-        return {"embed.tok": 0, "head.weight": 0} if config.task == "causal_lm" else {}
+        rows = {"embed.tok": 0} if config.task != "image_classifier" else {}
+        return rows | ({"head.weight": 0} if config.task in ("causal_lm", "masked_lm") else {})
 

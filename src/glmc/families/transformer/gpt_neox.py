@@ -23,12 +23,11 @@ from typing import Any
 import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-from glmc.errors import GlmcError
 from glmc.families.importers import Importer, NotRepresentable
-from glmc.families.transformer.model import ACTIVATIONS
 from glmc.families.transformer.rewrite import centre, fold_final_norm, fold_norm
 from glmc.families.transformer.stock import (
     base_config,
+    check_activation,
     check_config_keys,
     require_stock_form,
     rotary_of,
@@ -48,10 +47,7 @@ class GPTNeoXImporter(Importer):
 
     def check_config(self, raw: dict, where: str) -> None:
         check_config_keys(raw, GPTNeoXConfig, where)
-        act = raw.get("hidden_act", "gelu")
-        if act not in ACTIVATIONS:
-            raise GlmcError(f"{where}: hidden_act {act!r} is not supported (one of "
-                            f"{', '.join(ACTIVATIONS)})")
+        check_activation(raw, where, "gelu")
 
     def stock_model(self, hf_config: Any) -> GPTNeoXForCausalLM:
         hf_config._attn_implementation = "sdpa"

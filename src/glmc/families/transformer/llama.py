@@ -29,9 +29,9 @@ from transformers import (
 
 from glmc.errors import GlmcError
 from glmc.families.importers import Importer, NotRepresentable
-from glmc.families.transformer.model import ACTIVATIONS
 from glmc.families.transformer.stock import (
     base_config,
+    check_activation,
     check_config_keys,
     require_stock_form,
     rotary_of,
@@ -57,10 +57,7 @@ class DecoderImporter(Importer):
         if isinstance(heads, int) and isinstance(kv, int) and (kv < 1 or heads % kv):
             raise GlmcError(f"{where}: num_key_value_heads {kv} does not divide "
                             f"num_attention_heads {heads}")
-        act = raw.get("hidden_act", "silu")
-        if act not in ACTIVATIONS:
-            raise GlmcError(f"{where}: hidden_act {act!r} is not supported (one of "
-                            f"{', '.join(ACTIVATIONS)})")
+        check_activation(raw, where, "silu")
 
     def stock_model(self, hf_config: Any) -> torch.nn.Module:
         hf_config._attn_implementation = "sdpa"

@@ -1,12 +1,17 @@
-"""The canonical transformer: every norm an RMSNorm without weight.
+"""The canonical transformer: in a pre-norm model every norm an RMSNorm without weight.
 
-One readable pre-norm transformer that every importer targets (GPT-2, ViT, Llama, Mistral,
-Qwen2, GPT-NeoX). Its norms carry no affine, so any orthogonal map of the residual stream
-applied to all writers (output side) and readers (input side) preserves the function exactly:
-a weightless RMSNorm commutes with orthogonal maps, norm(Ox) = O·norm(x). A LayerNorm model
-(GPT-2, ViT, GPT-NeoX) is brought here with every residual writer centred, so that its stream
-is mean-zero and its LayerNorms are RMSNorms; an RMSNorm model (Llama and kin) needs its gains
-folded into the readers only.
+One readable transformer that every importer targets (GPT-2, ViT, Llama, Mistral, Qwen2,
+GPT-NeoX; BERT and RoBERTa). A pre-norm model's norms carry no affine, so any orthogonal map
+of the residual stream applied to all writers (output side) and readers (input side)
+preserves the function exactly: a weightless RMSNorm commutes with orthogonal maps,
+norm(Ox) = O·norm(x). A LayerNorm model (GPT-2, ViT, GPT-NeoX) is brought here with every
+residual writer centred, so that its stream is mean-zero and its LayerNorms are RMSNorms; an
+RMSNorm model (Llama and kin) needs its gains folded into the readers only.
+
+A post-norm encoder (``norm_position="post"``: BERT, RoBERTa) keeps its LayerNorms, gain and
+bias, on the stream itself (``x <- LN(x + attn(x))``, ``x <- LN(x + mlp(x))``, the
+embeddings' sum normed too): nothing can fold them away, and the stream's symmetry shrinks to
+the permutations (and, where every gain is equal, more: docs/design.md).
 
 What varies between the stock architectures is configuration, not code: grouped-query
 attention (``n_kv_head`` key/value heads, each read by ``n_head / n_kv_head`` query heads),
@@ -33,6 +38,16 @@ Parameter names (d = d_model, H query and K key/value heads of head_dim dh, F = 
     blocks.{i}.mlp.proj.weight (d, F)    proj.bias when mlp_bias
     norm_f.bias              (d,)        optional: bias after the final norm
     head.weight              (V | classes, d), head.bias (optional)
+
+A post-norm encoder has no final norm and adds (P: position rows, S: token types)::
+
+    embed.token_type         (S, d)      token types (every input is of type 0)
+    embed.norm.weight        (d,)        and .bias: the embeddings' LayerNorm
+    blocks.{i}.norm1.weight  (d,)        and .bias: after the attention's residual add
+    blocks.{i}.norm2.weight  (d,)        and .bias: after the MLP's
+    head.dense.weight        (d, d)      masked_lm: the head's transform, its bias, then
+    head.norm.weight         (d,)        act and a LayerNorm (and .bias) before head.weight
+    pool.weight              (d, d)      sequence_classifier: tanh(pool(first token)), .bias
 """
 
 from __future__ import annotations
@@ -57,13 +72,14 @@ ACTIVATIONS = {
     "swish": F.silu,
 }
 NORMS = ("layernorm", "rmsnorm")
+TASKS = ("causal_lm", "image_classifier", "masked_lm", "sequence_classifier")
 
 
 @dataclass
 class CanonicalConfig(ModelConfig):
     family: ClassVar[str] = "transformer"
 
-    task: str  # "causal_lm" | "image_classifier"
+    task: str  # "causal_lm" | "image_classifier" | "masked_lm" | "sequence_classifier"
     d_model: int
     n_layer: int
     n_head: int
@@ -100,16 +116,35 @@ class CanonicalConfig(ModelConfig):
     #: The stock model's norm: "layernorm" (writers centred here, so its residual maps must
     #: fix the all-ones direction to be written back) or "rmsnorm".
     stock_norm: str = "layernorm"
+    #: "pre": x + f(norm(x)) with weightless RMSNorms; "post": LN(x + f(x)) with each
+    #: LayerNorm's gain and bias on the stream (encoders).
+    norm_position: str = "pre"
+    #: Post-norm encoders: token types (all inputs of type 0), the masked-LM head's
+    #: activation, the head tied to the token embedding (the spec then shares the stream's
+    #: map with the head's units), and RoBERTa's positions (counted over the tokens that are
+    #: not ``position_pad_id``, from position_pad_id + 1; pads take position_pad_id).
+    type_vocab: int = 0
+    head_activation: str = "gelu"
+    tied_head: bool = False
+    position_pad_id: int | None = None
+    #: The token a masked-language model reads where a token is hidden (None: unknown).
+    mask_token_id: int | None = None
     #: Where the model came from (architecture and its original config), for exporters.
     source: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.attn_scale is None:
             self.attn_scale = 1.0 / math.sqrt(self.head_dim)
-        if self.task not in ("causal_lm", "image_classifier"):
+        if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"unsupported activation {self.activation!r}")
+        for act in (self.activation, self.head_activation):
+            if act not in ACTIVATIONS:
+                raise ValueError(f"unsupported activation {act!r}")
+        if self.norm_position not in ("pre", "post"):
+            raise ValueError(f"unknown norm position {self.norm_position!r} (pre or post)")
+        if self.encoder != (self.norm_position == "post"):
+            raise ValueError(f"task {self.task} goes with norm_position "
+                             f"{'post' if self.encoder else 'pre'}")
         if self.mlp not in ("plain", "gated"):
             raise ValueError(f"unknown MLP {self.mlp!r} (plain or gated)")
         if self.stock_norm not in NORMS:
@@ -141,12 +176,23 @@ class CanonicalConfig(ModelConfig):
         return self.rotary_dim == 0
 
     @property
+    def encoder(self) -> bool:
+        """Reads text both ways (a post-norm BERT-like encoder)."""
+        return self.task in ("masked_lm", "sequence_classifier")
+
+    @property
+    def max_context(self) -> int:
+        """The longest input: the position rows, less those RoBERTa's positions skip."""
+        skipped = 0 if self.position_pad_id is None else self.position_pad_id + 1
+        return self.n_positions - skipped
+
+    @property
     def n_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2 if self.patch_size else 0
 
     @property
     def n_outputs(self) -> int:
-        return self.vocab_size if self.task == "causal_lm" else self.num_labels
+        return self.vocab_size if self.task in ("causal_lm", "masked_lm") else self.num_labels
 
     def describe(self) -> str:
         arch = self.source.get("arch", "transformer")
@@ -281,8 +327,15 @@ class Block(nn.Module):
         self.eps, self.parallel = cfg.norm_eps, cfg.parallel
         self.attn = Attention(cfg, window)
         self.mlp = MLP(cfg)
+        self.post = cfg.norm_position == "post"
+        if self.post:
+            self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+            self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
 
     def forward(self, x: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
+        if self.post:  # (an encoder: each sum normed, gain and bias on the stream)
+            x = self.norm1(x + self.attn(x, rotary))
+            return self.norm2(x + self.mlp(x))
         if self.parallel:  # (both read the same normed stream)
             n = rms_norm(x, self.eps)
             return x + self.attn(n, rotary) + self.mlp(n)
@@ -293,9 +346,14 @@ class Block(nn.Module):
 class Embedding(nn.Module):
     def __init__(self, cfg: CanonicalConfig) -> None:
         super().__init__()
-        self.task = cfg.task
+        self.task, self.pad = cfg.task, cfg.position_pad_id
         d = cfg.d_model
-        if cfg.task == "causal_lm":
+        if cfg.encoder:
+            self.tok = nn.Parameter(torch.zeros(cfg.vocab_size, d))
+            self.pos = nn.Parameter(torch.zeros(cfg.n_positions, d))
+            self.token_type = nn.Parameter(torch.zeros(cfg.type_vocab, d))
+            self.norm = nn.LayerNorm(d, eps=cfg.norm_eps)
+        elif cfg.task == "causal_lm":
             self.tok = nn.Parameter(torch.zeros(cfg.vocab_size, d))
             if cfg.learned_positions:
                 self.pos = nn.Parameter(torch.zeros(cfg.n_positions, d))
@@ -305,7 +363,16 @@ class Embedding(nn.Module):
             self.cls = nn.Parameter(torch.zeros(d))
             self.pos = nn.Parameter(torch.zeros(cfg.n_patches + 1, d))
 
+    def positions(self, x: torch.Tensor) -> torch.Tensor:
+        """Position ids (B, T) or (T,) of token ids x (B, T): 0..T-1, or RoBERTa's count."""
+        if self.pad is None:
+            return torch.arange(x.shape[1], device=x.device)
+        real = (x != self.pad).long()
+        return torch.cumsum(real, dim=1) * real + self.pad
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "norm"):  # an encoder's: x (B, T) token ids, all of type 0
+            return self.norm(self.tok[x] + self.token_type[0] + self.pos[self.positions(x)])
         if self.task == "causal_lm":  # x: (B, T) token ids
             h = self.tok[x]
             return h + self.pos[: x.shape[1]] if hasattr(self, "pos") else h
@@ -314,10 +381,27 @@ class Embedding(nn.Module):
         return torch.cat([cls, patches], dim=1) + self.pos
 
 
-class CanonicalTransformer(nn.Module):
-    """Pre-norm transformer in canonical form; ``forward`` returns logits.
+class MaskedLMHead(nn.Module):
+    """An encoder's token predictions: head.weight · LN(act(dense(h))) + head.bias."""
 
-    causal_lm: (B, T) token ids -> (B, T, V); image_classifier: (B, C, H, W) -> (B, classes).
+    def __init__(self, cfg: CanonicalConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.dense = nn.Linear(d, d)
+        self.norm = nn.LayerNorm(d, eps=cfg.norm_eps)
+        self.weight = nn.Parameter(torch.zeros(cfg.vocab_size, d))
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.act = ACTIVATIONS[cfg.head_activation]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.norm(self.act(self.dense(h))), self.weight, self.bias)
+
+
+class CanonicalTransformer(nn.Module):
+    """A transformer in canonical form; ``forward`` returns logits.
+
+    causal_lm and masked_lm: (B, T) token ids -> (B, T, V); image_classifier: (B, C, H, W)
+    -> (B, classes); sequence_classifier: (B, T) token ids -> (B, classes).
     """
 
     def __init__(self, cfg: CanonicalConfig) -> None:
@@ -329,13 +413,22 @@ class CanonicalTransformer(nn.Module):
         self.rotary = Rotary(cfg) if cfg.rotary_dim else None
         if cfg.norm_f_bias:
             self.norm_f = Params(bias=(cfg.d_model,))
-        self.head = nn.Linear(cfg.d_model, cfg.n_outputs, bias=cfg.head_bias)
+        if cfg.task == "masked_lm":
+            self.head: nn.Module = MaskedLMHead(cfg)
+        else:
+            self.head = nn.Linear(cfg.d_model, cfg.n_outputs, bias=cfg.head_bias)
+        if cfg.task == "sequence_classifier":
+            self.pool = nn.Linear(cfg.d_model, cfg.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         h = self.embed(x)
         for block in self.blocks:
             h = block(h, self.rotary)
+        if cfg.encoder:  # (no final norm: every block ends in one)
+            if cfg.task == "sequence_classifier":
+                h = torch.tanh(self.pool(h[:, 0]))  # the first token, pooled
+            return self.head(h)
         if cfg.task == "image_classifier":
             h = h[:, 0]  # the class token
         h = rms_norm(h, cfg.norm_eps)

@@ -16,6 +16,11 @@ Spaces, per layer i:
 
 An axis lists its spaces inner first: a query row carries the QK map, then the query heads'
 order in their group, then the groups' order.
+
+A post-norm encoder's stream is read and written through LayerNorms whose gain and bias stay
+on it, so ``res`` is a permutation there (every LayerNorm's gain and bias move with it); the
+masked-LM head's transform units are ``head`` (the stream's own map when the head is tied to
+the token embedding) and the classifier's pooled units ``pool``, both permutations.
 """
 
 from __future__ import annotations
@@ -35,7 +40,14 @@ RES = "res"
 Axes = dict[str, tuple[AxisTag, ...]]
 
 
+def _norm_axes(name: str, space: str = RES) -> Axes:
+    return {f"{name}.weight": (out(space),), f"{name}.bias": (out(space),)}
+
+
 def _embedding_axes(cfg: CanonicalConfig) -> Axes:
+    if cfg.encoder:
+        return {"embed.tok": (None, out(RES)), "embed.pos": (None, out(RES)),
+                "embed.token_type": (None, out(RES)), **_norm_axes("embed.norm")}
     if cfg.task == "causal_lm":
         axes: Axes = {"embed.tok": (None, out(RES))}
         if cfg.learned_positions:
@@ -107,8 +119,25 @@ def _head_spaces(cfg: CanonicalConfig, i: int) -> tuple[dict[str, Group], dict[s
     return spaces, roles
 
 
+def _encoder_head(cfg: CanonicalConfig) -> tuple[dict[str, Group], Axes]:
+    """The spaces and axes of an encoder's head (``head`` or ``pool`` units, a permutation
+    each; a tied masked-LM head's units are the stream's)."""
+    d = cfg.d_model
+    if cfg.task == "masked_lm":
+        units = RES if cfg.tied_head else "head"
+        axes: Axes = {"head.dense.weight": (out(units), inp(RES)), "head.dense.bias": (out(units),),
+                      **_norm_axes("head.norm", units),
+                      "head.weight": (None, inp(units)), "head.bias": (None,)}
+        return ({} if cfg.tied_head else {units: PermutationGroup(d)}), axes
+    axes = {"pool.weight": (out("pool"), inp(RES)), "pool.bias": (out("pool"),),
+            "head.weight": (None, inp("pool")), "head.bias": (None,)}
+    return {"pool": PermutationGroup(d)}, axes
+
+
 def canonical_spec(cfg: CanonicalConfig) -> SymmetrySpec:
-    spaces: dict[str, Group] = {RES: OrthogonalGroup(cfg.d_model)}
+    post = cfg.norm_position == "post"
+    spaces: dict[str, Group] = {RES: PermutationGroup(cfg.d_model) if post
+                                else OrthogonalGroup(cfg.d_model)}
     roles = {RES: "residual"}
     axes = _embedding_axes(cfg)
     for i in range(cfg.n_layer):
@@ -119,6 +148,13 @@ def canonical_spec(cfg: CanonicalConfig) -> SymmetrySpec:
         roles |= head_roles
         axes |= _attention_axes(cfg, i)
         axes |= _mlp_axes(cfg, i)
+        if post:
+            axes |= _norm_axes(f"blocks.{i}.norm1") | _norm_axes(f"blocks.{i}.norm2")
+    if cfg.encoder:
+        head_spaces, head_axes = _encoder_head(cfg)
+        spaces |= head_spaces
+        roles |= dict.fromkeys(head_spaces, "head")
+        return SymmetrySpec(spaces=spaces, axes=axes | head_axes, roles=roles, export={})
     if cfg.norm_f_bias:
         axes["norm_f.bias"] = (out(RES),)
     axes["head.weight"] = (None, inp(RES))

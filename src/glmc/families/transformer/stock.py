@@ -10,7 +10,7 @@ from typing import Any
 from glmc.errors import GlmcError
 from glmc.families.base import METADATA_KEYS
 from glmc.families.importers import NotRepresentable
-from glmc.families.transformer.model import CanonicalConfig
+from glmc.families.transformer.model import ACTIVATIONS, CanonicalConfig
 from glmc.model import CanonicalModel
 
 #: Keys every transformers config may carry that do not change the function: generation,
@@ -40,6 +40,14 @@ def check_config_keys(raw: dict, config_class: type, where: str,
         raise GlmcError(f"{where}: config field {unknown[0]!r} is not one glmc knows for "
                         f"{raw.get('model_type')} models; it may change attention or "
                         "positions, so glmc cannot tell which maps keep the function")
+
+
+def check_activation(raw: dict, where: str, default: str) -> None:
+    """Refuse a ``hidden_act`` the canonical model does not compute, naming it."""
+    act = raw.get("hidden_act", default)
+    if act not in ACTIVATIONS:
+        raise GlmcError(f"{where}: hidden_act {act!r} is not supported (one of "
+                        f"{', '.join(ACTIVATIONS)})")
 
 
 def rotary_of(hf_config: Any, head_dim: int, where: str) -> tuple[int, list[float], float]:
@@ -87,8 +95,8 @@ def require_stock_form(model: CanonicalModel, source: str | tuple[str, ...],
                                f"{' or '.join(map(repr, sources))}")
     if cfg.attention != "heads":
         raise NotRepresentable("attention is in circuit form (head dim = d_model)")
-    if cfg.stock_norm != "layernorm":
-        return
+    if cfg.stock_norm != "layernorm" or cfg.norm_position == "post":
+        return  # (no LayerNorm rewritten as an RMSNorm)
     bad = model.uncentred_writer(tol)
     if bad is not None:
         raise NotRepresentable(

@@ -1,5 +1,5 @@
-"""The stock transformers ``glmc train`` trains: GPT-2, Llama and GPT-NeoX on text, ViT on
-images.
+"""The stock transformers ``glmc train`` trains: GPT-2, Llama and GPT-NeoX on text, BERT as a
+masked-language model on text, ViT on images.
 
 Each is the transformers class, built by the importers' ``stock_model`` (the modules
 ``glmc align`` and ``verify`` load) and saved as a Hugging Face folder the importers read.
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import GPT2Config, GPTNeoXConfig, LlamaConfig, ViTConfig
+from transformers import BertConfig, GPT2Config, GPTNeoXConfig, LlamaConfig, ViTConfig
 
 from glmc.data import Dataset
 from glmc.families.base import Arch
@@ -137,6 +137,29 @@ class GPTNeoXArch(_DecoderArch):
             use_parallel_residual=True, tie_word_embeddings=False, attention_dropout=cfg.dropout,
             hidden_dropout=cfg.dropout, bos_token_id=None, eos_token_id=None,
         )
+
+
+class BertArch(_StockArch):
+    """BertForMaskedLM: a post-LayerNorm encoder, GELU MLP of ``--n-inner`` units (unset:
+    4·d), ``max_position_embeddings = context``, the decoder tied to the word embeddings (as
+    BERT's), one token type. The vocabulary is the data's plus one mask token, the last id
+    (recorded as the config's ``mask_token_id``)."""
+
+    config_class = BertConfig
+
+    def model_config(self, cfg: Any, ds: Dataset) -> BertConfig:
+        p, vocab = cfg.dropout, ds.vocab_size
+        return BertConfig(
+            vocab_size=vocab + 1, hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer,
+            num_attention_heads=cfg.n_head, intermediate_size=cfg.mlp_width,
+            max_position_embeddings=cfg.context, type_vocab_size=1, hidden_act="gelu",
+            hidden_dropout_prob=p, attention_probs_dropout_prob=p, layer_norm_eps=1e-12,
+            tie_word_embeddings=True, pad_token_id=None, mask_token_id=vocab,
+            architectures=["BertForMaskedLM"],
+        )
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=x).logits
 
 
 def kv_heads(cfg: Any) -> int:
