@@ -33,6 +33,7 @@ from glmc.io.folders import (
     read_state_file,
 )
 from glmc.io.token_counts import read_token_counts
+from glmc.matching.many import Frame
 from glmc.methods import Alignment, AlignOptions, get_method, statistics_batches
 from glmc.model import CanonicalModel
 from glmc.pair import StockPair, prepare_pair, shared_tokenizer, stock_pair
@@ -47,9 +48,10 @@ from glmc.writing import (
     write_report,
 )
 
-__all__ = ["Alignment", "AlignOptions", "Merge", "ModelLike", "StockPair", "align",
+__all__ = ["Alignment", "AlignOptions", "ManyMerge", "Merge", "ModelLike", "StockPair", "align",
            "canonical", "certify_saved", "correction_data", "export_state_dict", "interpolate",
-           "learning_data", "load", "merge", "merge_pair", "name_of", "prepare_pair",
+           "learning_data", "load", "merge", "merge_many", "merge_pair", "name_of",
+           "prepare_pair",
            "read_state_dict", "read_token_counts", "save", "save_alignment", "save_canonical",
            "save_certified", "shared_tokenizer", "stock_pair", "write_report"]
 
@@ -236,6 +238,78 @@ def merge(model_a: ModelLike, model_b: ModelLike, *, alpha: float = 0.5,
     out = merge_pair(model_a, model_b, alpha=alpha, method=method, correction=correction,
                      **overrides)
     return out.model, out.alignment
+
+
+@dataclass
+class ManyMerge:
+    """What :func:`merge_many` made: the merged model Σ w_i·T_i(θ_i), in the first model's
+    coordinates, the frame (one transform per model) and, for the report, the cycle-
+    consistency error of pairwise weight matching against the frame."""
+
+    model: CanonicalModel
+    frame: Frame
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, path: str | Path, *, force: bool = False, stock: bool = True,
+             report: dict | None = None, started: float | None = None) -> dict:
+        """Write the merged model as ``glmc merge M1 ... Mn`` does, with the report."""
+        return save(self.model, path, force=force, stock=stock,
+                    report={"command": "merge", **self.settings,
+                            "frame": self.frame.to_json()} | (report or {}),
+                    started=started)
+
+
+def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None = None,
+               frame: str = "mergemany", method: str = "weight", max_rounds: int = 10,
+               options: AlignOptions | None = None, **overrides: Any) -> ManyMerge:
+    """N models brought into one frame (the first model's coordinates) by weight matching and
+    averaged with ``weights`` (uniform by default; they must be >= 0 and sum to 1).
+
+    ``frame``: ``"mergemany"`` (each model in turn aligned to the mean of the others, from
+    the star alignment) or ``"star"`` (each aligned to the first); ``method``: ``"weight"``
+    or ``"weight-perm"`` (the residual stream permuted). With two models, ``star`` is
+    :func:`merge` with ``method``.
+
+    Example::
+
+        out = glmc.merge_many(["runs/a", "runs/b", "runs/c"])
+        out.save("runs/merged")
+    """
+    from glmc.matching.many import FRAMES, cycle_error, star, weighted_mean
+    from glmc.matching.many import merge_many as mergemany_frame
+    from glmc.matching.weight import weight_matching
+
+    if frame not in FRAMES:
+        raise GlmcError(f"unknown frame {frame!r} ({' or '.join(FRAMES)})")
+    m = get_method(method)
+    if method not in ("weight", "weight-perm"):
+        raise GlmcError(f"merging {len(models)} models aligns them by weight matching "
+                        f"(method weight or weight-perm), not {method}")
+    n = len(models)
+    if n < 2:
+        raise GlmcError(f"merging needs at least 2 models, got {n}")
+    w = [1.0 / n] * n if weights is None else [float(x) for x in weights]
+    if len(w) != n or any(x < 0 for x in w) or abs(sum(w) - 1.0) > 1e-6:
+        raise GlmcError(f"{len(w)} weights for {n} models: give {n} weights >= 0 that sum "
+                        f"to 1, got {','.join(f'{x:g}' for x in w)}")
+    opts = (options or AlignOptions()).updated(**overrides)
+    if m.residual is not None:
+        opts = replace(opts, residual=m.residual)
+    names = [name_of(x, f"model {i + 1}") for i, x in enumerate(models)]
+    first = canonical(models[0])
+    canon = [prepare_pair(first, x, opts.heads)[1] for x in (first, *models[1:])]
+    wm = opts.weight_matching()
+    found = (mergemany_frame(canon, wm, max_rounds=max_rounds, seed=opts.seed or 0)
+             if frame == "mergemany" else star(canon, wm))
+    moved = found.moved(canon)
+    merged = canon[0].with_state(weighted_mean([x.state for x in moved], w))
+    # Pairwise weight matching of the models after the first, against the frame's maps.
+    pairs = {(i, i + 1): weight_matching(canon[i], canon[i + 1], wm).transform
+             for i in range(1, n - 1)}
+    settings = {"models": names, "weights": w, "frame_method": frame, "align": method,
+                "residual": opts.residual, "heads": opts.heads,
+                "cycle_error_pairwise": cycle_error(canon, pairs, found) if pairs else None}
+    return ManyMerge(merged, found, settings)
 
 
 def correction_data(model_a: ModelLike, model_b: ModelLike, how: str,

@@ -250,7 +250,7 @@ class BarrierReport:
     split: str
     task: str
     context: int | None
-    count: int  # targets per evaluation: tokens (text) or images
+    count: int  # targets per evaluation: tokens, images, masked tokens, sequences
     lambdas: list[float]
     methods: dict[str, MethodResult]
     seconds: float = 0.0
@@ -262,12 +262,18 @@ class BarrierReport:
     def is_classifier(self) -> bool:
         return TASKS[self.task].classifier
 
+    @property
+    def targets(self) -> str:
+        """What :attr:`count` counts ("tokens", "images", "masked tokens", "sequences")."""
+        return TASKS[self.task].targets
+
     def to_json(self) -> dict[str, Any]:
         return {
             "methods": {k: m.to_json() for k, m in self.methods.items()},
             "a": self.a, "b": self.b, "data": self.data, "split": self.split,
             "data_seed": self.data_seed, "task": self.task, "context": self.context,
-            "eval_count": self.count,
+            "eval_count": self.count, "eval_targets": self.targets,
+            **({"scoring": TASKS[self.task].scoring} if TASKS[self.task].scoring else {}),
             "points": len(self.lambdas), "seconds": round(self.seconds, 3),
             "warnings": self.warnings,
         }
@@ -473,9 +479,8 @@ def _evaluation_warnings(lambdas: list[float], count: int, a: CanonicalModel) ->
         out.append("the λ grid holds only the endpoints (2 points): the barrier is 0 by "
                    "construction; use 3 points or more (11 by default)")
     if count < MIN_EVAL_TARGETS:
-        what = "images" if a.task.classifier else "tokens"
-        out.append(f"only {count} {what} were evaluated (fewer than {MIN_EVAL_TARGETS}): the "
-                   "barrier is noise; evaluate a larger split")
+        out.append(f"only {count} {a.task.targets} were evaluated (fewer than "
+                   f"{MIN_EVAL_TARGETS}): the barrier is noise; evaluate a larger split")
     return out
 
 

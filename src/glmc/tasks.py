@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 
 from glmc.data import (
+    MASK_RATE,
     Dataset,
     LabelledText,
     MaskedText,
@@ -41,6 +42,10 @@ class Task:
     text: ClassVar[bool] = False
     #: Config fields two models must share to take the same inputs and give the same logits.
     interface: ClassVar[tuple[str, ...]] = ()
+    #: What one evaluated target is, for reports ("tokens", "images").
+    targets: ClassVar[str] = "tokens"
+    #: How the loss is scored, where it needs saying (reports and their JSON).
+    scoring: ClassVar[str] = ""
 
     def check_fits(self, config: Any, dataset: Dataset, split: str, context: int | None,
                    where: str) -> int | None:
@@ -130,6 +135,10 @@ class MaskedLM(CausalLM):
 
     name = "masked_lm"
     MASK_SEED = 0
+    targets = "masked tokens"
+    scoring = (f"masked-LM loss over the masked tokens: {MASK_RATE:.0%} of the tokens chosen, "
+               "80% of those replaced by the mask token, 10% by a random token, 10% kept; "
+               f"masks drawn with seed {MASK_SEED}, the same for every model and λ")
 
     def mask_id(self, config: Any, dataset: TextDataset) -> int:
         """The config's ``mask_token_id``, else the tokenizer's ``[MASK]`` or ``<mask>``."""
@@ -166,6 +175,8 @@ class SequenceClassifier(Task):
     name = "sequence_classifier"
     classifier = True
     text = True
+    targets = "sequences"
+    scoring = "loss and accuracy per example of the labelled file, each read at its own length"
     interface = ("vocab_size", "n_positions", "num_labels")
 
     def check_fits(self, config: Any, dataset: Dataset, split: str, context: int | None,
@@ -199,6 +210,7 @@ class SequenceClassifier(Task):
 class ImageClassifier(Task):
     name = "image_classifier"
     classifier = True
+    targets = "images"
     interface = ("image_size", "num_channels", "num_labels")
 
     def check_fits(self, config: Any, dataset: Dataset, split: str, context: int | None,

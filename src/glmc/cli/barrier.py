@@ -26,6 +26,7 @@ from glmc.defaults import (
     MAX_POINTS,
     TEXT_LOGITS_BUDGET,
 )
+from glmc.errors import GlmcError
 from glmc.methods import METHODS, get_method
 
 if TYPE_CHECKING:
@@ -40,14 +41,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(
         sub, "barrier",
         "Measure the loss (and accuracy) barrier on the straight line between A and B, for "
-        "each alignment method: θ(λ) = λ·A + (1 − λ)·π(B) on a grid of λ.",
+        "each alignment method: θ(λ) = λ·A + (1 − λ)·π(B) on a grid of λ. With three "
+        "models or more: all brought into one frame by weight matching (--frame), the "
+        "merged model (uniform, and --weights) beside each model and their mean, and every "
+        "pair's barrier in the joint frame beside its barrier aligned on its own.",
         "glmc barrier runs/vit-a runs/vit-b --data mnist5k --align none --align weight "
-        "--plot barrier.png")
-    p.add_argument("a", help="model folder A (λ = 1, the reference)")
-    p.add_argument("b", help="model folder B (λ = 0, aligned to A)")
+        "--plot barrier.png\n  glmc barrier runs/a runs/b runs/c --data mnist5k")
+    p.add_argument("models", nargs="+", metavar="M",
+                   help="model folders A (λ = 1, the reference) and B (λ = 0, aligned to "
+                   "A), or M1 M2 ... Mn")
+    p.add_argument("--weights", default=None, metavar="W1,...,Wn",
+                   help="three models or more: weights of a second merged model")
+    p.add_argument("--frame", choices=("mergemany", "star"), default="mergemany",
+                   help="three models or more: how they are brought into one frame")
     p.add_argument("--data", required=True,
-                   help=f"dataset name ({', '.join(DATASETS)}) or a text file, .npz or IDX "
-                   "folder; text is encoded with the models' glmc_tokenizer.json")
+                   help=f"dataset name ({', '.join(DATASETS)}) or a text file, a .tsv of "
+                   "labelled text (LABEL<TAB>TEXT, for sequence classifiers), .npz or IDX "
+                   "folder; text is encoded with the models' glmc_tokenizer.json (or "
+                   "tokenizer.json)")
     p.add_argument("--align", action="append", metavar="METHOD", dest="methods",
                    help="alignment method, repeatable (available: "
                    f"{', '.join(METHODS)}; default: {' and '.join(DEFAULT_METHODS)}). "
@@ -97,7 +108,7 @@ def print_table(report: BarrierReport, out: Console) -> None:
 
     cls = report.is_classifier
     t = Table(title=f"{report.split} barriers, {len(report.lambdas)} points, "
-                    f"{report.count:,} {'images' if cls else 'tokens'}")
+                    f"{report.count:,} {report.targets}")
     t.add_column("method", no_wrap=True)
     t.add_column("loss barrier", justify="right", no_wrap=True)
     if cls:
@@ -120,6 +131,9 @@ def print_table(report: BarrierReport, out: Console) -> None:
         row += [where, f"{m.align_seconds + m.eval_seconds:.1f}"]
         t.add_row(*row)
     out.print(t)
+    scoring = report.to_json().get("scoring")
+    if scoring:
+        out.print(f"({scoring})")
 
 
 def tokenizer_warnings(args: argparse.Namespace, a: Any, b: Any, data: Any) -> list[str]:
@@ -141,6 +155,20 @@ def check(args: argparse.Namespace) -> None:
     the --plot file."""
     from glmc.io.outputs import SMALL_OUTPUT, check_output, check_plot_path
 
+    if len(args.models) < 2:
+        raise GlmcError(f"barrier needs at least two models, got {len(args.models)}")
+    args.a, args.b = args.models[:2]
+    if len(args.models) > 2:
+        methods = list(dict.fromkeys(args.methods or ["weight"]))
+        if methods not in (["weight"], ["weight-perm"]) or args.plot:
+            raise GlmcError(f"{len(args.models)} models are brought into one frame by weight "
+                            "matching: give at most one --align, weight or weight-perm, and "
+                            "no --plot")
+        args.methods = methods
+        args.weight_list = (None if args.weights is None
+                            else [float(x) for x in args.weights.split(",")])
+    elif args.weights is not None:
+        raise GlmcError("--weights is for three models or more")
     for name in dict.fromkeys(args.methods or DEFAULT_METHODS):
         get_method(name)
     check_points(args)
@@ -168,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
     from glmc.io.outputs import output_errors
     from glmc.plots import plot_barriers
 
+    if len(args.models) > 2:
+        return run_many(args)
     methods = list(dict.fromkeys(args.methods or DEFAULT_METHODS))
     resolve_device(args.device)
     a = load_model(args.a, allow_pickle=args.allow_pickle)
@@ -214,4 +244,53 @@ def run(args: argparse.Namespace) -> int:
         print_table(report, Console() if sys.stdout.isatty() else Console(width=120))
         if plot_path:
             print(f"wrote {plot_path}")
+    return 0
+
+
+def run_many(args: argparse.Namespace) -> int:
+    """Three models or more (see :mod:`glmc.many`): a table of the models and the merges,
+    then one of the pairs."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from glmc.io.folders import load_model
+    from glmc.many import many_barrier
+
+    models = [load_model(m, allow_pickle=args.allow_pickle) for m in args.models]
+    options = alignment_options(args, getattr(models[0].canonical.config, "vocab_size", None),
+                                seed=args.seed)
+    report = many_barrier(models, args.data, weights=args.weight_list, frame=args.frame,
+                          method=args.methods[0], points=args.points, split=args.split,
+                          max_batches=args.max_batches, tokenizer=args.tokenizer,
+                          options=options)
+    if args.json:
+        emit_json(report.to_json())
+        return 0
+    out = Console() if sys.stdout.isatty() else Console(width=120)
+    acc = report.endpoints[0]["accuracy"] is not None
+    t = Table(title=f"{report.split}: {len(report.models)} models and their merge "
+                    f"({report.frame['method']}), {report.count:,} {report.targets}")
+    t.add_column("model")
+    t.add_column("loss", justify="right")
+    if acc:
+        t.add_column("acc. (%)", justify="right")
+
+    def row(name: str, r: dict) -> None:
+        t.add_row(name, _fmt(r["loss"]), *([_fmt(r["accuracy"], True)] if acc else []))
+
+    for name, r in zip(report.models, report.endpoints, strict=True):
+        row(name, r)
+    t.add_row("mean of the models", _fmt(report.mean_loss), *([""] if acc else []))
+    row("merged, uniform weights", report.merged)
+    if report.merged_weighted is not None:
+        row(f"merged, weights {args.weights}", report.merged_weighted)
+    out.print(t)
+    p = Table(title="pairwise loss barriers: in the joint frame, and the pair aligned alone")
+    for col in ("pair", "joint frame", "pair alone", "ratio"):
+        p.add_column(col, justify="right")
+    for r in report.pairs:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        p.add_row(f"{r['pair'][0]}-{r['pair'][1]}", _fmt(r["barrier_joint"]),
+                  _fmt(r["barrier_pairwise"]), ratio)
+    out.print(p)
     return 0

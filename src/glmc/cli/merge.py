@@ -1,4 +1,5 @@
-"""glmc merge A B -o OUT: the model alpha·A + (1 − alpha)·π(B)."""
+"""glmc merge A B -o OUT: the model alpha·A + (1 − alpha)·π(B); glmc merge M1 ... Mn -o OUT:
+the N models in one frame (MergeMany), averaged."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from glmc.cli.options import (
     add_learned_options,
     add_tokenizer,
     alignment_options,
+    check_at_least,
 )
 from glmc.errors import GlmcError
 from glmc.methods import METHODS
@@ -36,12 +38,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         sub, "merge",
         "Merge two models: alpha·A + (1 − alpha)·π(B), with B aligned to A first "
         "(--align weight or learned) or not (--align none: the stock weights averaged as "
-        "loaded; --align canonical: averaged in canonical coordinates). alpha = 1 is A.",
-        "glmc merge runs/gpt-a runs/gpt-b -o runs/merged --alpha 0.5 --align weight")
-    p.add_argument("a", help="model folder A (alpha = 1)")
-    p.add_argument("b", help="model folder B (alpha = 0)")
+        "loaded; --align canonical: averaged in canonical coordinates). alpha = 1 is A. "
+        "Three models or more are brought into one frame by weight matching (--frame "
+        "mergemany: each in turn aligned to the mean of the others; star: each to the first) "
+        "and averaged with --weights (uniform by default), in M1's coordinates.",
+        "glmc merge runs/gpt-a runs/gpt-b -o runs/merged --alpha 0.5 --align weight\n"
+        "  glmc merge runs/a runs/b runs/c -o runs/merged3 --weights 0.5,0.25,0.25")
+    p.add_argument("models", nargs="+", metavar="M",
+                   help="model folders: A B (alpha = 1 is A), or M1 M2 ... Mn")
     add_out(p, "output folder (written atomically)")
-    p.add_argument("--alpha", type=float, default=0.5, help="weight of model A")
+    p.add_argument("--alpha", type=float, default=0.5, help="weight of model A (two models)")
+    p.add_argument("--weights", default=None, metavar="W1,...,Wn",
+                   help="three models or more: their weights, >= 0 and summing to 1 "
+                   "(default: uniform)")
+    p.add_argument("--frame", choices=("mergemany", "star"), default="mergemany",
+                   help="three models or more: how they are brought into one frame "
+                   "(default: mergemany)")
+    p.add_argument("--rounds", type=int, default=10,
+                   help="three models or more: MergeMany's most rounds (default: 10)")
     p.add_argument("--align", choices=tuple(METHODS), default="weight",
                    help="how to align B to A before averaging. none: no alignment, the "
                    "paper's vanilla average of the stock weights as loaded (Hugging Face "
@@ -63,6 +77,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def check(args: argparse.Namespace) -> None:
     """The checks that need no torch, before it loads (see :func:`check_pair_options`)."""
+    if len(args.models) < 2:
+        raise GlmcError(f"merge needs at least two models, got {len(args.models)}")
+    args.a, args.b = args.models[:2]
+    if len(args.models) > 2:
+        check_many(args)
+        return
+    if args.weights is not None:
+        raise GlmcError("--weights is for three models or more; two are merged with --alpha")
     if not 0.0 <= args.alpha <= 1.0:  # (the library checks it again)
         raise GlmcError(f"--alpha must lie in [0, 1], got {args.alpha}")
     if args.align == "none" and args.heads != "inner":
@@ -71,11 +93,70 @@ def check(args: argparse.Namespace) -> None:
     check_pair_options(args)
 
 
+def check_many(args: argparse.Namespace) -> None:
+    """Three models or more: weight matching only, the weights parsed, OUT free."""
+    from glmc.io.outputs import check_output, model_bytes, stored_params
+
+    if args.align not in ("weight", "weight-perm"):
+        raise GlmcError(f"{len(args.models)} models are merged by weight matching (--align "
+                        f"weight or weight-perm), not --align {args.align}")
+    if args.correction != "none":
+        raise GlmcError("--correction applies to two models")
+    if args.weights is not None:
+        try:
+            args.weight_list = [float(x) for x in args.weights.split(",")]
+        except ValueError:
+            raise GlmcError(f"--weights {args.weights!r}: give numbers separated by commas, "
+                            "e.g. 0.5,0.25,0.25") from None
+        w, n = args.weight_list, len(args.models)
+        if len(w) != n or any(x < 0 for x in w) or abs(sum(w) - 1.0) > 1e-6:
+            raise GlmcError(f"--weights {args.weights}: give {n} weights >= 0 that sum to 1, "
+                            f"one per model")
+    else:
+        args.weight_list = None
+    check_at_least(args, iters=1, rounds=1)
+    check_output(args.out, model_bytes(stored_params(args.models[0])), force=args.force,
+                 inputs=tuple(args.models))
+
+
 def run(args: argparse.Namespace) -> int:
     from glmc.distributed import process_group
 
+    if len(args.models) > 2:
+        return _run_many(args)
     with process_group():
         return _run(args)
+
+
+def _run_many(args: argparse.Namespace) -> int:
+    from glmc.api import merge_many
+    from glmc.io.folders import load_model
+
+    t0 = time.perf_counter()
+    models = [load_model(m, allow_pickle=args.allow_pickle) for m in args.models]
+    for m in models:
+        m.stock_state = None  # (merged in canonical form)
+    options = alignment_options(args, getattr(models[0].canonical.config, "vocab_size", None))
+    out = merge_many(models, weights=args.weight_list, frame=args.frame, method=args.align,
+                     max_rounds=args.rounds, options=options)
+    report = out.save(args.out, force=args.force, stock=not args.no_stock,
+                      report={"models": [str(m) for m in args.models]}, started=t0)
+    print_warnings(report.get("warnings", []))
+    if args.json:
+        emit_json(report)
+        return 0
+    w = out.settings["weights"]
+    frame = out.frame
+    print(f"wrote {args.out} ({report['format']}): "
+          + " + ".join(f"{x:g}·π{i + 1}(M{i + 1})" for i, x in enumerate(w))
+          + f"; frame {frame.method}, {len(frame.rounds)} round(s)"
+          + ("" if frame.converged else " (not converged)"))
+    cycle = out.settings.get("cycle_error_pairwise")
+    if cycle:
+        print(f"pairwise weight matching vs the frame: cycle-consistency error "
+              f"{cycle['mean']:.3g} (mean), {cycle['max']:.3g} (max)")
+    print_notes(report)
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""glmc train --arch gpt2|vit --data D --seed S -o OUT: train a small transformer from scratch."""
+"""glmc train --arch ARCH --data D --seed S -o OUT: train a small model from scratch."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(
         sub, "train",
-        "Train a model from scratch with AdamW and a warm-up + cosine schedule: a GPT-2 "
-        "(text) or a ViT (images), written as a Hugging Face folder with its tokenizer, or one "
+        "Train a model from scratch with AdamW and a warm-up + cosine schedule: a GPT-2, "
+        "Llama or GPT-NeoX (text), a BERT masked LM (text, 15 percent of tokens masked) or a ViT "
+        "(images), written as a Hugging Face folder with its tokenizer, or one "
         "of Git Re-Basin's MLP, VGG and ResNet-20 (images), written as a glmc folder; with a "
         "training log (glmc_train.json). Checkpoints go to .OUT.ckpt beside OUT until the run "
         "completes.",
@@ -30,8 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     d = _DEFAULTS
     p.add_argument("--arch", choices=ARCHS, required=True,
-                   help="gpt2: GPT2LMHeadModel on text; vit: ViTForImageClassification, mlp: "
-                   "3 hidden layers of 512, vgg11/vgg16, resnet20: on images")
+                   help="gpt2, llama, gpt-neox: causal LMs on text; bert: BertForMaskedLM on "
+                   "text; vit: ViTForImageClassification, mlp: 3 hidden layers of 512, "
+                   "vgg11/vgg16, resnet20: on images")
     p.add_argument("--data", required=True, metavar="D",
                    help=f"dataset name ({', '.join(DATASETS)}) or a path: {PATH_HELP}")
     p.add_argument("--seed", type=int, default=d["seed"],

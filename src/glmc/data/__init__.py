@@ -23,7 +23,7 @@ _EXPORTS = {
     "ImageDataset": "glmc.data.images",
     "TextDataset": "glmc.data.text",
     "LabelledText": "glmc.data.labelled",
-    **dict.fromkeys(("IGNORE", "MaskedText", "mask_tokens"), "glmc.data.masked"),
+    **dict.fromkeys(("IGNORE", "MASK_RATE", "MaskedText", "mask_tokens"), "glmc.data.masked"),
     **dict.fromkeys(("TOKENIZER_FILE", "HF_TOKENIZER_FILE", "CharTokenizer", "Gpt2Tokenizer",
                      "HFTokenizer", "Tokenizer", "fits_vocabulary", "tokenizer_file",
                      "load_tokenizer", "save_tokenizer", "tokenizer_from_json"),

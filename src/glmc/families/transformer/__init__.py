@@ -37,7 +37,7 @@ declare_arch("llama", task="causal_lm", help="LlamaForCausalLM (grouped-query at
 declare_arch("gpt-neox", task="causal_lm", help="GPTNeoXForCausalLM as in Pythia (partial "
              "rotary, parallel residual) on text", impl=f"{_HERE}.train:GPTNeoXArch")
 declare_arch("bert", task="masked_lm", help="BertForMaskedLM (post-LayerNorm encoder) on "
-             "text, 15% of tokens masked", impl=f"{_HERE}.train:BertArch")
+             "text, 15 percent of tokens masked", impl=f"{_HERE}.train:BertArch")
 
 # The family's code, loaded on first use (it imports torch).
 _EXPORTS = {

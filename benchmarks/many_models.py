@@ -1,0 +1,84 @@
+"""N models merged in one frame: time and merged accuracy beside the models' own.
+
+Trains N MLPs of Git Re-Basin's shape (3 hidden layers of 512, no norm) on MNIST 5k from seeds
+0..N-1 (cached under ``--cache``), then merges them with uniform weights: averaged as they are
+(no alignment), after the star alignment (each to the first) and after MergeMany (each in turn
+to the mean of the others), timing each alignment. Prints a table and writes JSON.
+
+    python benchmarks/many_models.py                    # N = 8
+    python benchmarks/many_models.py --n 4 --steps 300 --out /tmp/many.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from _common import HERE, RESULTS, machine, provenance, write_json
+
+from glmc.api import merge_many
+from glmc.evaluate import evaluate
+from glmc.io.folders import load_model
+from glmc.matching.many import weighted_mean
+from glmc.training import TrainConfig, train
+
+
+def trained(cache: Path, n: int, steps: int, threads: int) -> list[Path]:
+    folders = []
+    for seed in range(n):
+        folder = cache / f"mlp512-mnist5k-{steps}-seed{seed}"
+        if not folder.exists():
+            cfg = TrainConfig(arch="mlp", data="mnist5k", norm="none", steps=steps,
+                              batch_size=64, lr=1e-3, seed=seed, eval_every=0, eval_batches=1,
+                              checkpoint_every=0, threads=threads)
+            train(cfg, folder, progress=False)
+        folders.append(folder)
+    return folders
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cache", type=Path, default=HERE.parent / "glmc-cache" / "many")
+    ap.add_argument("--out", type=Path, default=RESULTS / "many_models.json")
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    folders = trained(args.cache, args.n, args.steps, args.threads)
+    models = [load_model(f).canonical for f in folders]
+    alone = [evaluate(m, "mnist5k") for m in models]
+    rows = [{"what": f"model {i + 1} alone", "loss": r.loss, "accuracy": r.accuracy}
+            for i, r in enumerate(alone)]
+    vanilla = models[0].with_state(weighted_mean([m.state for m in models],
+                                                 [1 / len(models)] * len(models)))
+    r = evaluate(vanilla, "mnist5k")
+    rows.append({"what": "averaged as they are", "loss": r.loss, "accuracy": r.accuracy})
+    for frame in ("star", "mergemany"):
+        t0 = time.perf_counter()
+        out = merge_many(models, frame=frame)
+        seconds = time.perf_counter() - t0
+        r = evaluate(out.model, "mnist5k")
+        rows.append({"what": f"merged after {frame}", "loss": r.loss, "accuracy": r.accuracy,
+                     "seconds": round(seconds, 2), "rounds": len(out.frame.rounds),
+                     "converged": out.frame.converged,
+                     "cycle_error_pairwise": out.settings["cycle_error_pairwise"]})
+    mean_acc = sum(x.accuracy for x in alone) / len(alone)
+    print(f"{args.n} MLPs (3x512), MNIST 5k test split; models' mean accuracy "
+          f"{100 * mean_acc:.1f}%")
+    print("| what | test loss | accuracy | alignment s |")
+    print("|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['what']} | {row['loss']:.3f} | {100 * row['accuracy']:.1f}% | "
+              f"{row.get('seconds', '')} |")
+    write_json(args.out, {"benchmark": "many_models", "machine": machine(),
+                          "run": provenance(threads=args.threads), "n": args.n,
+                          "steps": args.steps, "rows": rows})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

