@@ -60,7 +60,7 @@ from glmc.methods import (  # (the registry lives in glmc.methods; re-exported h
     register_method,
     statistics_batches,
 )
-from glmc.model import CanonicalModel, check_pair
+from glmc.model import CanonicalModel, check_pair, fitted
 from glmc.pair import StockPair, stock_pair
 from glmc.tasks import TASKS
 
@@ -321,6 +321,7 @@ def _prepare(a: Any, b: Any, data: str | Path | Dataset, methods: Sequence[str],
     needs_stock = needs_stock and not ma.family.canonical_is_stock
     where = f"{_describe(a)} vs {_describe(b)}"
     same_interface(ma.config, mb.config, where)
+    mb = fitted(ma, mb, where)  # (a narrower B in A's shapes)
     check_pair(ma, mb)
     stock = stock_pair(a, b) if needs_stock else None
     ds, seed = load_pair_data(data, ma.config, (a, b), tokenizer=tokenizer, data_seed=data_seed)

@@ -81,6 +81,17 @@ class CanonicalModel:
         return sum(v.numel() for v in self.state.values())
 
 
+def fitted(a: CanonicalModel, b: CanonicalModel, where: str = "") -> CanonicalModel:
+    """B as a model of A's shapes: B itself when they agree, else B embedded exactly into
+    A's widths by its family (a narrower B; see ``Family.embed_into``), or a GlmcError."""
+    if type(a.config) is not type(b.config) or a.config == b.config:
+        return b
+    if getattr(a.config, "source", None) is not None and (
+            a.config.replace(source={}) == b.config.replace(source={})):
+        return b  # (the same model shapes, from stock configs that differ in their names)
+    return b.family.embed_into(b, a.config, where)
+
+
 def check_pair(a: CanonicalModel, b: CanonicalModel, where: str = "") -> None:
     """Same parameters with the same shapes, all finite; else one GlmcError, in the models'
     own terms where their configs differ (``n_layer 2 in A, 3 in B``) and else naming the

@@ -23,7 +23,7 @@ from glmc.io.folders import (
     load_model,
     name_of,
 )
-from glmc.model import CanonicalModel, check_pair
+from glmc.model import CanonicalModel, check_pair, fitted
 from glmc.tensors import StateDict, interpolate
 
 
@@ -61,6 +61,7 @@ def prepare_pair(model_a: ModelLike, model_b: ModelLike,
     tokenizers = shared_tokenizer(a, b, f"{name_of(model_a, 'A')} vs {name_of(model_b, 'B')}")
     if tokenizers:  # (an output of either carries them)
         a, b = (m.with_files(tokenizers) for m in (a, b))
+    b = fitted(a, b, f"{name_of(model_a, 'A')} vs {name_of(model_b, 'B')}")
     if heads == "circuit":
         a, b = (m.family.circuit_form(m) for m in (a, b))
     check_pair(a, b)

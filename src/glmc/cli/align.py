@@ -178,7 +178,9 @@ def aligned_from_folder(folder: str | Path, like: CanonicalModel, transform: Tra
 
     if stamp and folder_stamp(folder) != stamp:
         raise GlmcError(f"{folder}: changed on disk since it was loaded; align again")
-    b = load_model(folder, allow_pickle=allow_pickle).canonical
+    from glmc.model import fitted
+
+    b = fitted(like, load_model(folder, allow_pickle=allow_pickle).canonical, str(folder))
     return like.with_state(transform.apply(b.spec, b.state, consume=True))
 
 

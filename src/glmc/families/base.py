@@ -172,6 +172,13 @@ class Family:
 
         raise GlmcError(f"{self.name} models have no attention heads to write as circuits")
 
+    def embed_into(self, model: CanonicalModel, config: Any, where: str = "") -> CanonicalModel:
+        """``model`` as a model of the wider ``config`` that computes its function (a
+        narrower B aligned to A), or a GlmcError saying why it cannot be; ``model`` itself
+        where the family has no such embedding (the pair's check then names the
+        difference)."""
+        return model
+
     def read_state_dict(self, state: StateDict, where: str, **hints: Any) -> CanonicalModel:
         """A plain state dict (a PyTorch or safetensors file's, not a model folder) in one of
         the family's layouts; ``hints``: what its tensors do not say (arch, image size...)."""

@@ -10,6 +10,7 @@ from glmc.families.transformer.circuit import to_circuit
 from glmc.families.transformer.model import CanonicalConfig, build
 from glmc.families.transformer.rewrite import max_mean_along
 from glmc.families.transformer.spec import RES, canonical_spec
+from glmc.families.transformer.widen import embed_into
 from glmc.symmetry.spec import SymmetrySpec
 from glmc.tensors import StateDict
 
@@ -80,6 +81,10 @@ class TransformerFamily(Family):
 
     def circuit_form(self, model: CanonicalModel) -> CanonicalModel:
         return to_circuit(model)
+
+    def embed_into(self, model: CanonicalModel, config: CanonicalConfig,
+                   where: str = "") -> CanonicalModel:
+        return embed_into(model, config, where)
 
     def token_rows(self, config: Any) -> dict[str, int]:
         rows = {"embed.tok": 0} if config.task != "image_classifier" else {}

@@ -1,0 +1,89 @@
+"""A narrower model embedded exactly into a wider one's shapes (residual width, heads, head
+dimension, MLP width), then aligned with an orthogonal residual map and merged at the wider
+width (glmc.families.transformer.widen)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glmc.errors import GlmcError
+from glmc.families.transformer.widen import embed_into
+from glmc.matching.weight import weight_matching
+from glmc.symmetry.transform import Transform
+
+F64 = torch.float64
+WIDE = {"gpt2": dict(d=32, n_head=4, n_inner=64), "vit": dict(d=32, n_head=4, d_mlp=64),
+        "llama": dict(d=32, n_head=4, n_kv_head=2, d_mlp=48)}
+NARROW = {"gpt2": dict(d=16, n_head=2, n_inner=40), "vit": dict(d=16, n_head=4, d_mlp=24),
+          "llama": dict(d=16, n_head=2, n_kv_head=1, d_mlp=24)}
+
+
+@pytest.mark.parametrize("arch", list(WIDE))
+def test_the_embedding_computes_the_narrow_models_function(h, arch):
+    a = h.make_tiny(arch, seed=0, **WIDE[arch]).canonical()
+    t = h.make_tiny(arch, seed=1, **NARROW[arch])
+    wide = embed_into(t.canonical(), a.config)
+    assert {k: v.shape for k, v in wide.state.items()} == {k: v.shape for k, v in a.state.items()}
+    x = t.inputs()
+    # (HF's RMSNorm runs in float32 even on float64 inputs: Llama's stock logits agree with
+    # float64 arithmetic to about 1e-7)
+    tol = 1e-5 if arch == "llama" else 1e-12
+    assert h.rel_diff(t.logits(x), h.canonical_output(wide, x)) < tol
+    if arch == "gpt2":  # (a centred stream stays centred: written back as A's stock class)
+        assert wide.uncentred_writer() is None
+
+
+def test_a_narrow_model_projected_from_a_wide_one_is_recovered(h):
+    """B is A's function restricted to a random d_B-dimensional subspace of its stream... as
+    a planted pair: B embedded, moved by a random orthogonal map, comes back onto itself."""
+    a = h.make_tiny("gpt2", seed=0, **WIDE["gpt2"]).canonical()
+    b = embed_into(h.make_tiny("gpt2", seed=1, **NARROW["gpt2"]).canonical(), a.config)
+    moved = b.transformed(Transform.random(b.spec, torch.Generator().manual_seed(3),
+                                           subgroups={"residual": "fix_ones"}))
+    back = moved.transformed(weight_matching(b, moved).transform)
+    num = sum(float((back.state[k] - b.state[k]).pow(2).sum()) for k in b.state)
+    assert (num / sum(float(b.state[k].pow(2).sum()) for k in b.state)) ** 0.5 < 1e-6
+
+
+def test_align_and_merge_a_narrower_model_at_the_wider_width(h, tmp_path):
+    """glmc align of a narrow B to a wide A writes B at A's width in A's stock class,
+    certified against B's own logits."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from glmc.cli.main import main
+
+    for name, seed, shape in (("a", 0, WIDE["gpt2"]), ("b", 1, NARROW["gpt2"])):
+        t = h.make_tiny("gpt2", seed=seed, tied=False, **shape)
+        model = t.importer.stock_model(t.hf_config).float()
+        model.load_state_dict({k: v.float() for k, v in t.state().items()})
+        model.save_pretrained(str(tmp_path / name))
+    assert main(["align", str(tmp_path / "a"), str(tmp_path / "b"), "-o",
+                 str(tmp_path / "out"), "--json"]) == 0
+    report = json.loads((tmp_path / "out" / "glmc_report.json").read_text())
+    assert report["certificate"]["equal"]
+    out = AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True)
+    assert out.config.n_embd == 32
+    assert main(["merge", str(tmp_path / "a"), str(tmp_path / "b"), "-o",
+                 str(tmp_path / "merged")]) == 0
+
+
+def test_a_narrower_a_is_refused_with_a_message_to_swap(h):
+    a = h.make_tiny("gpt2", seed=0, **NARROW["gpt2"]).canonical()
+    b = h.make_tiny("gpt2", seed=1, **WIDE["gpt2"]).canonical()
+    with pytest.raises(GlmcError, match=r"B is wider than A \(the models differ in n_embd "
+                       r"\(16 in A, 32 in B\).*swap A and B"):
+        embed_into(b, a.config)
+
+
+def test_rotary_heads_of_other_dimensions_and_encoders_are_refused(h):
+    a = h.make_tiny("llama", seed=0, d=32, n_head=2, n_kv_head=1).canonical()
+    b = h.make_tiny("llama", seed=1, d=16, n_head=2, n_kv_head=1).canonical()
+    with pytest.raises(GlmcError, match="rotary heads must have the same dimension"):
+        embed_into(b, a.config)
+    wide = h.make_tiny("bert", seed=0, d=32).canonical()
+    narrow = h.make_tiny("bert", seed=1, d=16, n_head=2).canonical()
+    with pytest.raises(GlmcError, match="post-LayerNorm encoder"):
+        embed_into(narrow, wide.config)
