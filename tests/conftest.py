@@ -83,12 +83,14 @@ def encoder_config(model_type: str, *, n_layer: int = 2, d: int = 32, n_head: in
                    vocab: int = 50, n_positions: int = 24, d_mlp: int = 48,
                    head: str = "masked_lm", tied: bool = True, num_labels: int = 3,
                    **extra: Any) -> Any:
-    """A post-LayerNorm encoder's config (bert, roberta) with a masked-LM head or
-    (``head="sequence_classifier"``) a classifier of ``num_labels`` classes."""
+    """A post-LayerNorm encoder's config (bert, roberta) with a masked-LM head,
+    (``head="sequence_classifier"``) a classifier of ``num_labels`` classes, or
+    (``head="features"``) none: BertModel, RobertaModel."""
     from transformers import BertConfig, RobertaConfig
 
     cls, stem = {"bert": (BertConfig, "Bert"), "roberta": (RobertaConfig, "Roberta")}[model_type]
-    suffix = "ForMaskedLM" if head == "masked_lm" else "ForSequenceClassification"
+    suffix = {"masked_lm": "ForMaskedLM", "sequence_classifier": "ForSequenceClassification",
+              "features": "Model"}[head]
     return cls(hidden_size=d, num_hidden_layers=n_layer, num_attention_heads=n_head,
                intermediate_size=d_mlp, vocab_size=vocab, max_position_embeddings=n_positions,
                tie_word_embeddings=tied, num_labels=num_labels, type_vocab_size=2,

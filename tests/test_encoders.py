@@ -270,7 +270,8 @@ def save_stock(t, folder) -> None:
     ({"position_embedding_type": "relative_key"},
      "position_embedding_type 'relative_key' is not supported"),
     ({"is_decoder": True}, "is_decoder is true"),
-    ({"architectures": ["BertModel"]}, "architectures 'BertModel' is not supported"),
+    ({"architectures": ["BertForTokenClassification"]},
+     "architectures 'BertForTokenClassification' is not supported"),
     ({"embedding_size": 16}, "config field 'embedding_size' is not one glmc knows"),
 ])
 def test_unsupported_variants_are_refused_naming_the_field(h, tmp_path, edit, message):
@@ -421,3 +422,46 @@ def test_a_labelled_file_with_a_bad_line_is_refused_naming_it(tmp_path):
     (tmp_path / "tabless.tsv").write_text("0 abc\n")
     with pytest.raises(GlmcError, match=r"tabless.tsv, line 1: no tab"):
         load_dataset(str(tmp_path / "tabless.tsv"))
+
+
+# -- the bare encoder (BertModel, RobertaModel) ------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta"])
+def test_a_bare_encoder_computes_its_hidden_state_and_moves_it_with_the_stream(h, arch):
+    """BertModel's output is the stream itself: canonical form gives the stock last hidden
+    state; a model moved by a transform computes the original's output moved by the
+    transform's residual permutation (the spec's ``output``), as its stock export does; and
+    weight matching brings the moved model back (planted)."""
+    extra = {"pad_token_id": 1} if arch == "roberta" else {}
+    t = h.make_tiny(arch, head="features", **extra)
+    a = t.canonical()
+    assert a.config.task == "features" and a.spec.output == (("res", "out"),)
+    x = tokens()
+    assert h.rel_diff(t.logits(x), h.canonical_output(a, x)) < 1e-12
+    moved_by = Transform.random(a.spec, torch.Generator().manual_seed(5))
+    moved = a.transformed(moved_by)
+    want = moved_by.elements["res"].apply(t.logits(x), -1, "out")
+    assert h.rel_diff(want, h.canonical_output(moved, x)) < 1e-12
+    cfg, state = t.importer.to_stock(moved)
+    stock = t.importer.stock_model(cfg).to(F64)
+    stock.load_state_dict(state, strict=True)
+    with torch.no_grad():
+        assert h.rel_diff(want, t.importer.stock_logits(stock, x)) < 1e-12
+    back = moved.transformed(weight_matching(a, moved).transform)
+    assert h.rel_weight_distance(a, back) < 1e-6
+
+
+def test_glmc_align_of_bare_encoders_certifies_the_moved_output(h, tmp_path):
+    import json
+
+    from glmc.cli.main import main
+
+    for name, seed in (("a", 0), ("b", 1)):
+        save_stock(h.make_tiny("bert", seed=seed, head="features"), tmp_path / name)
+    assert main(["align", str(tmp_path / "a"), str(tmp_path / "b"), "-o",
+                 str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "glmc_report.json").read_text())
+    assert report["certificate"]["equal"]
+    assert main(["merge", str(tmp_path / "a"), str(tmp_path / "b"), "-o",
+                 str(tmp_path / "merged")]) == 0

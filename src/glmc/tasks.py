@@ -11,6 +11,8 @@ Evaluation, the barrier, certificates and training ask the task, never the archi
   masked token (targets elsewhere are ``IGNORE``), the masks drawn with a fixed seed.
 - ``sequence_classifier``: token ids (B, T) -> logits (B, classes); loss and accuracy per
   example of a labelled ``.tsv`` (batches of one length: nothing padded).
+- ``features``: token ids (B, T) -> the last hidden state (B, T, d) of a bare encoder; no
+  loss (aligned, merged and certified only).
 """
 
 from __future__ import annotations
@@ -233,9 +235,35 @@ class ImageClassifier(Task):
         return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
 
 
+class Features(Task):
+    """A bare encoder: token ids -> its last hidden state (B, T, d). It has no loss: it is
+    aligned, merged and certified, not evaluated on data."""
+
+    name = "features"
+    text = True
+    interface = ("vocab_size", "n_positions", "d_model")
+    targets = "tokens"
+
+    def check_fits(self, config: Any, dataset: Dataset, split: str, context: int | None,
+                   where: str) -> int | None:
+        raise GlmcError(f"{where} is an encoder without a head (its output is its hidden "
+                        "state): it has no loss to evaluate; align or merge it, or give a "
+                        "model with a masked-LM or classification head")
+
+    def default_batch_size(self, config: Any, context: int | None) -> int:
+        return 32
+
+    def random_inputs(self, config: Any, n: int, seq: int, seed: int,
+                      dtype: torch.dtype) -> torch.Tensor:
+        return CAUSAL.random_inputs(config, n, seq, seed, dtype)
+
+    def context(self, config: Any) -> int | None:
+        return max_context(config)
+
+
 CAUSAL = CausalLM()
 TASKS: dict[str, Task] = {t.name: t for t in (CAUSAL, ImageClassifier(), MaskedLM(),
-                                              SequenceClassifier())}
+                                              SequenceClassifier(), Features())}
 
 
 def task_of(config: Any) -> Task:

@@ -27,7 +27,7 @@ from glmc.io.folders import (
 )
 from glmc.io.outputs import check_output, model_bytes, output_errors
 from glmc.model import CanonicalModel
-from glmc.symmetry.transform import Transform
+from glmc.symmetry.transform import Transform, apply_axes
 from glmc.tensors import StateDict
 from glmc.verify import canonical_logits, certify_folder, folder_logits, random_inputs
 
@@ -104,9 +104,15 @@ def save_certified(model: CanonicalModel, path: str | Path, report: dict,
     """Write ``model`` (see :func:`save`, also for ``release``, ``started`` and ``phases``)
     with ``report`` plus the certificate that the folder as written computes ``reference`` =
     (inputs, the logits it must give), taken before the folder takes its name; returns the
-    report. An aligned B must give B's logits, a canonical form its input's."""
+    report. An aligned B must give B's logits, a canonical form its input's; where the
+    model's output is a vector of a space (``spec.output``: a bare encoder's hidden state),
+    B's moved by ``transform``."""
+    x, want = reference
+    if transform is not None and model.spec.output:
+        want = apply_axes(want, (None,) * (want.dim() - 1) + (model.spec.output,),
+                          transform.elements)
     return save(model, path, force=force, stock=stock, report=report, transform=transform,
-                certify=lambda folder: certify_folder(folder, *reference), release=release,
+                certify=lambda folder: certify_folder(folder, x, want), release=release,
                 started=started, phases=phases)
 
 

@@ -63,6 +63,10 @@ class SymmetrySpec:
     export: dict[str, str] = field(default_factory=dict)
     #: The parameters' shapes, recorded by :meth:`validate` (chains need the axis sizes).
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
+    #: The spaces on the model's output's last axis, when its output is a vector of a space
+    #: (a bare encoder's last hidden state is the stream): an aligned model then computes the
+    #: original's output moved by the transform (None: the output is the same, e.g. logits).
+    output: AxisTag = None
 
     def weights_only(self) -> SymmetrySpec:
         """The spec without its buffers (what the matchers' objectives read)."""
@@ -70,12 +74,12 @@ class SymmetrySpec:
             return self
         axes = {k: v for k, v in self.axes.items() if k not in self.buffers}
         return SymmetrySpec(dict(self.spaces), axes, dict(self.roles), frozenset(),
-                            dict(self.export), dict(self.shapes))
+                            dict(self.export), dict(self.shapes), self.output)
 
     def with_groups(self, groups: Mapping[str, Group]) -> SymmetrySpec:
         """The same axes with some spaces' groups replaced (e.g. by a subgroup)."""
         return SymmetrySpec({**self.spaces, **groups}, self.axes, dict(self.roles),
-                            self.buffers, dict(self.export), dict(self.shapes))
+                            self.buffers, dict(self.export), dict(self.shapes), self.output)
 
     def occurrences(self, space: str) -> Iterator[tuple[str, int, Variance]]:
         """Every (parameter, axis, variance) that ``space`` acts on."""

@@ -14,7 +14,11 @@ token_type}_embeddings`` and their ``LayerNorm``; ``{p}.encoder.layer.N.attentio
   as, and written back as, its masked-LM class);
 - sequence classifier: BERT's ``bert.pooler.dense`` then ``classifier``, RoBERTa's
   ``classifier.dense`` then ``classifier.out_proj``: both tanh(dense(first token)), then a
-  linear map.
+  linear map;
+- none (``BertModel``, ``RobertaModel``; names without the ``bert.`` prefix): the output is
+  the last hidden state, the stream itself, so an aligned model's output is B's in the
+  aligned coordinates (the spec says so, and certificates compare it so); the pooler is kept
+  with its output as it is.
 
 RoBERTa counts positions over the tokens that are not padding, from ``pad_token_id + 1``; the
 canonical model does the same (``position_pad_id``). The only rewrite is that of every
@@ -30,9 +34,11 @@ from transformers import (
     BertConfig,
     BertForMaskedLM,
     BertForSequenceClassification,
+    BertModel,
     RobertaConfig,
     RobertaForMaskedLM,
     RobertaForSequenceClassification,
+    RobertaModel,
 )
 
 from glmc.errors import GlmcError
@@ -69,9 +75,16 @@ class EncoderImporter(Importer):
         return self.hf_config_class
 
     def task(self, hf_config: Any) -> str:
-        """The head a config's ``architectures`` names (a masked LM when it names none)."""
+        """The head a config's ``architectures`` names (a masked LM when it names none; the
+        bare encoder, whose output is the stream itself, for ``BertModel``/``RobertaModel``)."""
         arch = (getattr(hf_config, "architectures", None) or [""])[0]
+        if arch == self.classes["features"].__name__:
+            return "features"
         return "sequence_classifier" if arch.endswith("ForSequenceClassification") else "masked_lm"
+
+    def base(self, task: str) -> str:
+        """The stock names' prefix: none for the bare encoder, ``bert.`` under a head."""
+        return "" if task == "features" else f"{self.prefix}."
 
     def check_config(self, raw: dict, where: str) -> None:
         check_config_keys(raw, self.hf_config_class, where, also=_ALSO)
@@ -87,8 +100,7 @@ class EncoderImporter(Importer):
         arch = (raw.get("architectures") or [""])[0]
         if arch and arch not in names | {f"{stem}ForPreTraining"}:
             raise GlmcError(f"{where}: architectures {arch!r} is not supported (glmc reads "
-                            f"{', '.join(sorted(names))}; a model without a head computes "
-                            "the stream itself, whose coordinates alignment permutes)")
+                            f"{', '.join(sorted(names))})")
         check_activation(raw, where, "gelu")
 
     def stock_model(self, hf_config: Any) -> torch.nn.Module:
@@ -115,12 +127,12 @@ class EncoderImporter(Importer):
                                               "tie_word_embeddings": False})
         head, _, decoder, _ = self.lm_head
         name = f"{head}.{decoder}.weight"
-        tok = state[f"{self.prefix}.embeddings.word_embeddings.weight"]
+        tok = state[f"{self.base('masked_lm')}embeddings.word_embeddings.weight"]
         return cfg, {**state, name: state.get(name, tok)}
 
-    def layer_names(self, i: int) -> dict[str, str]:
+    def layer_names(self, i: int, task: str) -> dict[str, str]:
         """Canonical module -> stock module, in layer ``i``."""
-        p = f"{self.prefix}.encoder.layer.{i}"
+        p = f"{self.base(task)}encoder.layer.{i}"
         return {f"blocks.{i}.attn.q": f"{p}.attention.self.query",
                 f"blocks.{i}.attn.k": f"{p}.attention.self.key",
                 f"blocks.{i}.attn.v": f"{p}.attention.self.value",
@@ -132,12 +144,14 @@ class EncoderImporter(Importer):
 
     def module_names(self, c: Any, task: str) -> dict[str, str]:
         """Canonical module -> stock module, for every module with a weight and a bias."""
-        names = {"embed.norm": f"{self.prefix}.embeddings.LayerNorm"}
+        names = {"embed.norm": f"{self.base(task)}embeddings.LayerNorm"}
         for i in range(c.num_hidden_layers):
-            names |= self.layer_names(i)
+            names |= self.layer_names(i, task)
         if task == "masked_lm":
             head, transform, _, _ = self.lm_head
             names |= {"head.dense": f"{head}.{transform}", "head.norm": self.head_norm()}
+        elif task == "features":  # (the pooler: its output is kept as it is)
+            names |= {"pool": "pooler.dense"}
         else:
             pool, out = self.classifier
             names |= {"pool": pool, "head": out}
@@ -151,7 +165,7 @@ class EncoderImporter(Importer):
 
     def to_canonical(self, hf_config: Any, state: StateDict) -> CanonicalModel:
         c, s, task = hf_config, state, self.task(hf_config)
-        e = f"{self.prefix}.embeddings"
+        e = f"{self.base(task)}embeddings"
         tok = s[f"{e}.word_embeddings.weight"]
         out: StateDict = {"embed.tok": tok, "embed.pos": s[f"{e}.position_embeddings.weight"],
                           "embed.token_type": s[f"{e}.token_type_embeddings.weight"]}
@@ -171,7 +185,8 @@ class EncoderImporter(Importer):
             head_dim=c.hidden_size // h, d_mlp=c.intermediate_size, activation=c.hidden_act,
             norm_eps=c.layer_norm_eps, vocab_size=c.vocab_size,
             n_positions=c.max_position_embeddings,
-            num_labels=c.num_labels if task == "sequence_classifier" else 0, head_bias=True,
+            num_labels=c.num_labels if task == "sequence_classifier" else 0,
+            head_bias=task != "features",
             norm_position="post", type_vocab=c.type_vocab_size,
             head_activation=self.head_activation(c), tied_head=tied,
             position_pad_id=self.position_pad_id(c),
@@ -192,7 +207,7 @@ class EncoderImporter(Importer):
         hf = self.hf_config_class.from_dict({
             **cfg.source["config"], "tie_word_embeddings": tied,
             "architectures": [self.classes[cfg.task].__name__]})
-        e = f"{self.prefix}.embeddings"
+        e = f"{self.base(cfg.task)}embeddings"
         out: StateDict = {f"{e}.word_embeddings.weight": s["embed.tok"],
                           f"{e}.position_embeddings.weight": s["embed.pos"],
                           f"{e}.token_type_embeddings.weight": s["embed.token_type"]}
@@ -205,14 +220,16 @@ class EncoderImporter(Importer):
         return hf, {k: v.clone().contiguous() for k, v in out.items()}
 
     def stock_logits(self, stock: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return stock(input_ids=x).logits
+        out = stock(input_ids=x)
+        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits
 
 
 class BertImporter(EncoderImporter):
     name = "bert"
     prefix = "bert"
     hf_config_class = BertConfig
-    classes = {"masked_lm": BertForMaskedLM, "sequence_classifier": BertForSequenceClassification}
+    classes = {"masked_lm": BertForMaskedLM, "sequence_classifier": BertForSequenceClassification,
+               "features": BertModel}
     lm_head = ("cls.predictions", "transform.dense", "decoder", "bias")
     classifier = ("bert.pooler.dense", "classifier")
 
@@ -228,7 +245,8 @@ class RobertaImporter(EncoderImporter):
     prefix = "roberta"
     hf_config_class = RobertaConfig
     classes = {"masked_lm": RobertaForMaskedLM,
-               "sequence_classifier": RobertaForSequenceClassification}
+               "sequence_classifier": RobertaForSequenceClassification,
+               "features": RobertaModel}
     lm_head = ("lm_head", "dense", "decoder", "bias")
     classifier = ("classifier.dense", "classifier.out_proj")
 

@@ -48,6 +48,7 @@ A post-norm encoder has no final norm and adds (P: position rows, S: token types
     head.dense.weight        (d, d)      masked_lm: the head's transform, its bias, then
     head.norm.weight         (d,)        act and a LayerNorm (and .bias) before head.weight
     pool.weight              (d, d)      sequence_classifier: tanh(pool(first token)), .bias
+                                         (features: the pooler, kept; its output not given)
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ ACTIVATIONS = {
     "swish": F.silu,
 }
 NORMS = ("layernorm", "rmsnorm")
-TASKS = ("causal_lm", "image_classifier", "masked_lm", "sequence_classifier")
+TASKS = ("causal_lm", "image_classifier", "masked_lm", "sequence_classifier", "features")
 
 
 @dataclass
@@ -178,7 +179,7 @@ class CanonicalConfig(ModelConfig):
     @property
     def encoder(self) -> bool:
         """Reads text both ways (a post-norm BERT-like encoder)."""
-        return self.task in ("masked_lm", "sequence_classifier")
+        return self.task in ("masked_lm", "sequence_classifier", "features")
 
     @property
     def max_context(self) -> int:
@@ -401,7 +402,8 @@ class CanonicalTransformer(nn.Module):
     """A transformer in canonical form; ``forward`` returns logits.
 
     causal_lm and masked_lm: (B, T) token ids -> (B, T, V); image_classifier: (B, C, H, W)
-    -> (B, classes); sequence_classifier: (B, T) token ids -> (B, classes).
+    -> (B, classes); sequence_classifier: (B, T) token ids -> (B, classes); features: (B, T)
+    token ids -> the last hidden state (B, T, d).
     """
 
     def __init__(self, cfg: CanonicalConfig) -> None:
@@ -415,9 +417,9 @@ class CanonicalTransformer(nn.Module):
             self.norm_f = Params(bias=(cfg.d_model,))
         if cfg.task == "masked_lm":
             self.head: nn.Module = MaskedLMHead(cfg)
-        else:
+        elif cfg.task != "features":  # (the bare encoder's output is the stream)
             self.head = nn.Linear(cfg.d_model, cfg.n_outputs, bias=cfg.head_bias)
-        if cfg.task == "sequence_classifier":
+        if cfg.task in ("sequence_classifier", "features"):
             self.pool = nn.Linear(cfg.d_model, cfg.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -425,6 +427,8 @@ class CanonicalTransformer(nn.Module):
         h = self.embed(x)
         for block in self.blocks:
             h = block(h, self.rotary)
+        if cfg.task == "features":
+            return h  # (the last hidden state; the pooler is kept, its output not given)
         if cfg.encoder:  # (no final norm: every block ends in one)
             if cfg.task == "sequence_classifier":
                 h = torch.tanh(self.pool(h[:, 0]))  # the first token, pooled

@@ -129,6 +129,8 @@ def _encoder_head(cfg: CanonicalConfig) -> tuple[dict[str, Group], Axes]:
                       **_norm_axes("head.norm", units),
                       "head.weight": (None, inp(units)), "head.bias": (None,)}
         return ({} if cfg.tied_head else {units: PermutationGroup(d)}), axes
+    if cfg.task == "features":  # (the pooler's output is an output: its units stay)
+        return {}, {"pool.weight": (None, inp(RES)), "pool.bias": (None,)}
     axes = {"pool.weight": (out("pool"), inp(RES)), "pool.bias": (out("pool"),),
             "head.weight": (None, inp("pool")), "head.bias": (None,)}
     return {"pool": PermutationGroup(d)}, axes
@@ -154,7 +156,9 @@ def canonical_spec(cfg: CanonicalConfig) -> SymmetrySpec:
         head_spaces, head_axes = _encoder_head(cfg)
         spaces |= head_spaces
         roles |= dict.fromkeys(head_spaces, "head")
-        return SymmetrySpec(spaces=spaces, axes=axes | head_axes, roles=roles, export={})
+        output = out(RES) if cfg.task == "features" else None  # (the stream itself)
+        return SymmetrySpec(spaces=spaces, axes=axes | head_axes, roles=roles, export={},
+                            output=output)
     if cfg.norm_f_bias:
         axes["norm_f.bias"] = (out(RES),)
     axes["head.weight"] = (None, inp(RES))
