@@ -267,13 +267,18 @@ class BarrierReport:
         """What :attr:`count` counts ("tokens", "images", "masked tokens", "sequences")."""
         return TASKS[self.task].targets
 
+    @property
+    def scoring(self) -> str:
+        """How the loss was scored, where it needs saying ("" otherwise)."""
+        return TASKS[self.task].scoring
+
     def to_json(self) -> dict[str, Any]:
         return {
             "methods": {k: m.to_json() for k, m in self.methods.items()},
             "a": self.a, "b": self.b, "data": self.data, "split": self.split,
             "data_seed": self.data_seed, "task": self.task, "context": self.context,
             "eval_count": self.count, "eval_targets": self.targets,
-            **({"scoring": TASKS[self.task].scoring} if TASKS[self.task].scoring else {}),
+            **({"scoring": self.scoring} if self.scoring else {}),
             "points": len(self.lambdas), "seconds": round(self.seconds, 3),
             "warnings": self.warnings,
         }

@@ -92,9 +92,27 @@ def max_context(config: Any) -> int:
     raise GlmcError(f"{type(config).__name__} names no maximum context")
 
 
-class CausalLM(Task):
-    name = "causal_lm"
+class TokenTask(Task):
+    """A task whose inputs are token ids (B, T): random ids certify it, its context is the
+    model's longest input."""
+
     text = True
+
+    def default_batch_size(self, config: Any, context: int | None) -> int:
+        return 32
+
+    def random_inputs(self, config: Any, n: int, seq: int, seed: int,
+                      dtype: torch.dtype) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed)
+        return torch.randint(0, config.vocab_size, (n, min(seq, max_context(config))),
+                             generator=g)
+
+    def context(self, config: Any) -> int | None:
+        return max_context(config)
+
+
+class CausalLM(TokenTask):
+    name = "causal_lm"
     interface = ("vocab_size", "n_positions")
 
     def check_fits(self, config: Any, dataset: Dataset, split: str, context: int | None,
@@ -117,15 +135,6 @@ class CausalLM(Task):
         """As many windows as keep the logits under 2**25 floats (1 to 64)."""
         return max(1, min(64, TEXT_LOGITS_BUDGET // (max(context or 1, 1) * config.vocab_size)))
 
-    def random_inputs(self, config: Any, n: int, seq: int, seed: int,
-                      dtype: torch.dtype) -> torch.Tensor:
-        g = torch.Generator().manual_seed(seed)
-        return torch.randint(0, config.vocab_size, (n, min(seq, max_context(config))),
-                             generator=g)
-
-    def context(self, config: Any) -> int | None:
-        return max_context(config)
-
 
 #: Mask tokens of the usual tokenizers (BERT's, RoBERTa's), looked up when a config names none.
 MASK_TOKENS = ("[MASK]", "<mask>")
@@ -147,7 +156,7 @@ class MaskedLM(CausalLM):
         known = getattr(config, "mask_token_id", None)
         if known is not None:
             return int(known)
-        lookup = getattr(getattr(dataset.tokenizer, "_tokenizer", None), "token_to_id", None)
+        lookup = getattr(dataset.tokenizer, "token_id", None)  # (a checkpoint's tokenizer)
         for token in MASK_TOKENS if lookup is not None else ():
             found = lookup(token)
             if found is not None:
@@ -171,12 +180,11 @@ class MaskedLM(CausalLM):
         return MaskedText.of(dataset, mask, self.MASK_SEED)
 
 
-class SequenceClassifier(Task):
+class SequenceClassifier(TokenTask):
     """Token ids -> one class per sequence (a classifier on the first token)."""
 
     name = "sequence_classifier"
     classifier = True
-    text = True
     targets = "sequences"
     scoring = "loss and accuracy per example of the labelled file, each read at its own length"
     interface = ("vocab_size", "n_positions", "num_labels")
@@ -198,15 +206,6 @@ class SequenceClassifier(Task):
             raise GlmcError(f"{dataset.name}: the {split} split is empty")
         return context
 
-    def default_batch_size(self, config: Any, context: int | None) -> int:
-        return 32
-
-    def random_inputs(self, config: Any, n: int, seq: int, seed: int,
-                      dtype: torch.dtype) -> torch.Tensor:
-        return CAUSAL.random_inputs(config, n, seq, seed, dtype)
-
-    def context(self, config: Any) -> int | None:
-        return max_context(config)
 
 
 class ImageClassifier(Task):
@@ -235,12 +234,11 @@ class ImageClassifier(Task):
         return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
 
 
-class Features(Task):
+class Features(TokenTask):
     """A bare encoder: token ids -> its last hidden state (B, T, d). It has no loss: it is
     aligned, merged and certified, not evaluated on data."""
 
     name = "features"
-    text = True
     interface = ("vocab_size", "n_positions", "d_model")
     targets = "tokens"
 
@@ -250,19 +248,9 @@ class Features(Task):
                         "state): it has no loss to evaluate; align or merge it, or give a "
                         "model with a masked-LM or classification head")
 
-    def default_batch_size(self, config: Any, context: int | None) -> int:
-        return 32
-
-    def random_inputs(self, config: Any, n: int, seq: int, seed: int,
-                      dtype: torch.dtype) -> torch.Tensor:
-        return CAUSAL.random_inputs(config, n, seq, seed, dtype)
-
-    def context(self, config: Any) -> int | None:
-        return max_context(config)
 
 
-CAUSAL = CausalLM()
-TASKS: dict[str, Task] = {t.name: t for t in (CAUSAL, ImageClassifier(), MaskedLM(),
+TASKS: dict[str, Task] = {t.name: t for t in (CausalLM(), ImageClassifier(), MaskedLM(),
                                               SequenceClassifier(), Features())}
 
 

@@ -131,9 +131,8 @@ def print_table(report: BarrierReport, out: Console) -> None:
         row += [where, f"{m.align_seconds + m.eval_seconds:.1f}"]
         t.add_row(*row)
     out.print(t)
-    scoring = report.to_json().get("scoring")
-    if scoring:
-        out.print(f"({scoring})")
+    if report.scoring:
+        out.print(f"({report.scoring})")
 
 
 def tokenizer_warnings(args: argparse.Namespace, a: Any, b: Any, data: Any) -> list[str]:

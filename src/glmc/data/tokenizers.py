@@ -182,6 +182,11 @@ class HFTokenizer:
         return torch.tensor(self._tokenizer.encode(text, add_special_tokens=False).ids,
                             dtype=torch.long)
 
+    def token_id(self, token: str) -> int | None:
+        """The id of a (special) token such as ``[MASK]``, None when it has none."""
+        found = self._tokenizer.token_to_id(token)
+        return None if found is None else int(found)
+
     def decode(self, ids: torch.Tensor | Sequence[int]) -> str:
         return self._tokenizer.decode(_id_list(ids, self.vocab_size), skip_special_tokens=False)
 
