@@ -87,3 +87,16 @@ def test_rotary_heads_of_other_dimensions_and_encoders_are_refused(h):
     narrow = h.make_tiny("bert", seed=1, d=16, n_head=2).canonical()
     with pytest.raises(GlmcError, match="post-LayerNorm encoder"):
         embed_into(narrow, wide.config)
+
+
+def test_models_that_differ_beyond_widths_are_refused_naming_the_field(h):
+    a = h.make_tiny("gpt2", seed=0, **WIDE["gpt2"]).canonical()
+    b = h.make_tiny("gpt2", seed=1, n_layer=1, **NARROW["gpt2"]).canonical()
+    with pytest.raises(GlmcError, match=r"n_layer \(2 in A, 1 in B\).*only their widths"):
+        embed_into(b, a.config)
+    from glmc.model import CanonicalModel
+
+    same = h.make_tiny("gpt2", seed=1, **WIDE["gpt2"]).canonical()
+    other = CanonicalModel(same.config.replace(head_bias=True, norm_f_bias=False), same.state)
+    with pytest.raises(GlmcError, match=r"head_bias \(False in A, True in B\)"):
+        embed_into(other, a.config)

@@ -49,15 +49,21 @@ def check_narrower(a: CanonicalConfig, b: CanonicalConfig, where: str = "") -> N
     if b.attention != "heads" or a.attention != "heads":
         raise GlmcError(f"{at}models of different widths are aligned in head form (not "
                         "--heads circuit)")
-    said = a.differences(b)  # (in the stock configs' terms where both came from one)
+    fields = set(a.to_json()) - _FOLLOWING
+    # (in the stock configs' terms where both came from one; else, or where those agree
+    # and only the canonical forms differ, in the canonical fields)
+    said = a.differences(b) or [f"{k} ({getattr(a, k)} in A, {getattr(b, k)} in B)"
+                                for k in sorted(fields | set(SIZES))
+                                if getattr(a, k) != getattr(b, k)]
     listed = ", ".join(said[:3]) + (f" and {len(said) - 3} more" if len(said) > 3 else "")
     if any(getattr(b, k) > getattr(a, k) for k in SIZES):
         raise GlmcError(f"{at}B is wider than A (the models differ in {listed}): give the "
                         "wider model as A (swap A and B)")
-    fields = set(a.to_json()) - _FOLLOWING
-    if any(getattr(a, k) != getattr(b, k) for k in fields):
-        raise GlmcError(f"{at}the models differ in {listed}: only their widths (residual, "
-                        "heads, MLP) may differ")
+    other = [f"{k} ({getattr(a, k)} in A, {getattr(b, k)} in B)" for k in sorted(fields)
+             if getattr(a, k) != getattr(b, k)]
+    if other:
+        raise GlmcError(f"{at}the models differ in {', '.join(other[:3])}: only their widths "
+                        "(residual, heads, MLP) may differ")
 
 
 def _pad(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
