@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from glmc.correction import check_correction, correct, statistics_note
+from glmc.correction import check_correction, correct, correct_many, statistics_note
 from glmc.data import Dataset, Tokenizer
 from glmc.errors import GlmcError
 from glmc.evaluate import check_data_fits, load_pair_data, split_warnings
@@ -268,7 +268,9 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
     ``frame``: ``"mergemany"`` (each model in turn aligned to the mean of the others, from
     the star alignment) or ``"star"`` (each aligned to the first); ``method``: ``"weight"``
     or ``"weight-perm"`` (the residual stream permuted). With two models, ``star`` is
-    :func:`merge` with ``method``.
+    :func:`merge` with ``method``. ``correction="reset"`` or ``"repair"`` (with ``data=``)
+    corrects the merged model's statistics: its own BatchNorm statistics, or REPAIR toward
+    the weighted models' (see :mod:`glmc.correction`).
 
     Example::
 
@@ -296,6 +298,12 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
     if m.residual is not None:
         opts = replace(opts, residual=m.residual)
     names = [name_of(x, f"model {i + 1}") for i, x in enumerate(models)]
+    models = [load_model(x) if isinstance(x, (str, Path)) else x for x in models]
+    batches = None
+    if opts.correction != "none":  # (the data are checked before any matching)
+        data = correction_data(models[0], models[1], opts.correction, opts.data,
+                               opts.tokenizer, opts.data_seed)
+        batches = statistics_batches(canonical(models[0]), data)
     first = canonical(models[0])
     canon = [prepare_pair(first, x, opts.heads)[1] for x in (first, *models[1:])]
     wm = opts.weight_matching()
@@ -303,11 +311,13 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
              if frame == "mergemany" else star(canon, wm))
     moved = found.moved(canon)
     merged = canon[0].with_state(weighted_mean([x.state for x in moved], w))
+    if batches is not None:
+        merged = correct_many(merged, moved, w, batches, opts.correction)
     # Pairwise weight matching of the models after the first, against the frame's maps.
     pairs = {(i, i + 1): weight_matching(canon[i], canon[i + 1], wm).transform
              for i in range(1, n - 1)}
     settings = {"models": names, "weights": w, "frame_method": frame, "align": method,
-                "residual": opts.residual, "heads": opts.heads,
+                "residual": opts.residual, "heads": opts.heads, "correction": opts.correction,
                 "cycle_error_pairwise": cycle_error(canon, pairs, found) if pairs else None}
     return ManyMerge(merged, found, settings)
 

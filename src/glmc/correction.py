@@ -201,18 +201,27 @@ def probe_moments(model: CanonicalModel, batches: Sequence[Batch],
 def repair(merged: CanonicalModel, a: CanonicalModel, b: CanonicalModel, lam: float,
            batches: Sequence[Batch]) -> CanonicalModel:
     """REPAIR: ``merged`` (= λ·a + (1 − λ)·b, b aligned to a) with every probe's units
-    rescaled to the interpolated endpoints' statistics, measured on ``batches``.
-
-    The correction y -> s·y + t per unit (s = σ_target/σ, t = μ_target − s·μ) is folded into
-    the probe's (weight, bias): a plain model of the same shape. At λ = 1 (or 0) the model is
-    A (or B) and is returned unchanged.
+    rescaled to the interpolated endpoints' statistics, measured on ``batches`` (see
+    :func:`repair_many`). At λ = 1 (or 0) the model is A (or B) and is returned unchanged.
     """
     if lam in (0.0, 1.0):
         return merged
+    return repair_many(merged, [a, b], [lam, 1 - lam], batches)
+
+
+def repair_many(merged: CanonicalModel, models: Sequence[CanonicalModel],
+                weights: Sequence[float], batches: Sequence[Batch]) -> CanonicalModel:
+    """REPAIR toward N models: ``merged`` (= Σ w_i·θ_i, the models in one frame) with every
+    probe's units rescaled to the weighted models' statistics, measured on ``batches``.
+
+    The correction y -> s·y + t per unit (s = σ_target/σ, t = μ_target − s·μ) is folded into
+    the probe's (weight, bias): a plain model of the same shape.
+    """
     probes = repair_probes(merged)
-    sa, sb = probe_moments(a, batches), probe_moments(b, batches)
-    target = {p.module: (lam * sa[p.module][0] + (1 - lam) * sb[p.module][0],
-                         lam * sa[p.module][1] + (1 - lam) * sb[p.module][1]) for p in probes}
+    stats = [probe_moments(m, batches) for m in models]
+    target = {p.module: tuple(sum(w * st[p.module][k] for w, st in zip(weights, stats,
+                                                                         strict=True))
+                              for k in (0, 1)) for p in probes}
     seen = probe_moments(merged, batches, target)
     state = dict(merged.state)
     for p in probes:
@@ -231,11 +240,22 @@ def repair(merged: CanonicalModel, a: CanonicalModel, b: CanonicalModel, lam: fl
 
 def correct(merged: CanonicalModel, a: CanonicalModel, b: CanonicalModel, lam: float,
             batches: Sequence[Batch], how: str) -> CanonicalModel:
-    """Apply the correction ``how`` ("none", "reset" or "repair") to ``merged``."""
+    """Apply the correction ``how`` ("none", "reset" or "repair") to ``merged`` = λ·a +
+    (1 − λ)·b (the model itself at λ = 1 or 0)."""
+    if lam in (0.0, 1.0) and how == "repair":
+        return merged
+    return correct_many(merged, [a, b], [lam, 1 - lam], batches, how)
+
+
+def correct_many(merged: CanonicalModel, models: Sequence[CanonicalModel],
+                 weights: Sequence[float], batches: Sequence[Batch],
+                 how: str) -> CanonicalModel:
+    """Apply the correction ``how`` to ``merged`` = Σ w_i·θ_i: a BatchNorm reset (the
+    merged model's own statistics) or REPAIR toward the weighted models' statistics."""
     if how == "none":
         return merged
     if how == "reset":
         return reset_batchnorm(merged, batches)
     if how == "repair":
-        return repair(merged, a, b, lam, batches)
+        return repair_many(merged, models, weights, batches)
     raise GlmcError(f"unknown correction {how!r} (one of {', '.join(CORRECTIONS)})")

@@ -100,8 +100,6 @@ def check_many(args: argparse.Namespace) -> None:
     if args.align not in ("weight", "weight-perm"):
         raise GlmcError(f"{len(args.models)} models are merged by weight matching (--align "
                         f"weight or weight-perm), not --align {args.align}")
-    if args.correction != "none":
-        raise GlmcError("--correction applies to two models")
     if args.weights is not None:
         try:
             args.weight_list = [float(x) for x in args.weights.split(",")]
