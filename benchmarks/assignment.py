@@ -33,7 +33,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
-from _common import machine, write_json  # noqa: E402
+from _common import machine, provenance, write_json  # noqa: E402
 
 SIZES = {
     # name: (n MLP units, model width d); the cost sums over 3d features (gate, up, down)
@@ -252,6 +252,7 @@ def main() -> None:
     available = [s for s in names if s == "scipy" or lapx_version()]
     report = {"machine": machine(threads=1, numpy=numpy.__version__, scipy=scipy.__version__,
                                  lapx=lapx_version()),
+              "run": provenance(threads=1),
               "options": vars(args) | {"solvers": available, "sizes": sizes,
                                        "noise": [str(x) if x == float("inf") else x
                                                  for x in args.noise]},
