@@ -33,7 +33,10 @@ from glmc.io.folders import (
     read_state_file,
 )
 from glmc.io.token_counts import read_token_counts
-from glmc.matching.many import Frame
+from glmc.matching.many import FRAMES, Frame, cycle_error, star, weighted_mean
+from glmc.matching.many import merge_many as mergemany_frame
+from glmc.matching.options import simplex_weights
+from glmc.matching.weight import weight_matching
 from glmc.methods import Alignment, AlignOptions, get_method, statistics_batches
 from glmc.model import CanonicalModel
 from glmc.pair import StockPair, prepare_pair, shared_tokenizer, stock_pair
@@ -277,10 +280,6 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
         out = glmc.merge_many(["runs/a", "runs/b", "runs/c"])
         out.save("runs/merged")
     """
-    from glmc.matching.many import FRAMES, cycle_error, star, weighted_mean
-    from glmc.matching.many import merge_many as mergemany_frame
-    from glmc.matching.weight import weight_matching
-
     if frame not in FRAMES:
         raise GlmcError(f"unknown frame {frame!r} ({' or '.join(FRAMES)})")
     m = get_method(method)
@@ -290,10 +289,7 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
     n = len(models)
     if n < 2:
         raise GlmcError(f"merging needs at least 2 models, got {n}")
-    w = [1.0 / n] * n if weights is None else [float(x) for x in weights]
-    if len(w) != n or any(x < 0 for x in w) or abs(sum(w) - 1.0) > 1e-6:
-        raise GlmcError(f"{len(w)} weights for {n} models: give {n} weights >= 0 that sum "
-                        f"to 1, got {','.join(f'{x:g}' for x in w)}")
+    w = simplex_weights(weights, n)
     opts = (options or AlignOptions()).updated(**overrides)
     if m.residual is not None:
         opts = replace(opts, residual=m.residual)

@@ -31,6 +31,7 @@ from glmc.evaluate import (
 )
 from glmc.io.folders import canonical, load_model, name_of
 from glmc.matching.many import weighted_mean
+from glmc.matching.options import simplex_weights
 from glmc.matching.weight import weight_matching
 from glmc.methods import AlignOptions
 from glmc.verify import same_interface
@@ -87,6 +88,7 @@ def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
     t0 = time.perf_counter()
     if len(models) < 2:
         raise GlmcError(f"give at least two models, got {len(models)}")
+    w = simplex_weights(weights, len(models))  # (checked before any matching)
     loaded = [load_model(m) if isinstance(m, (str, Path)) else m for m in models]
     names = [name_of(m, f"model {i + 1}") for i, m in enumerate(models)]
     canon = [canonical(m) for m in loaded]
@@ -107,10 +109,6 @@ def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
     merged = _result(ev.evaluate(joint.model.state))
     weighted = None
     if weights is not None:
-        w = [float(x) for x in weights]
-        if len(w) != len(canon) or any(x < 0 for x in w) or abs(sum(w) - 1.0) > 1e-6:
-            raise GlmcError(f"{len(w)} weights for {len(canon)} models: give one weight "
-                            "per model, >= 0, summing to 1")
         weighted = _result(ev.evaluate(weighted_mean([m.state for m in moved], w)))
     wm = options.weight_matching()
     pairs = []

@@ -30,6 +30,7 @@ from glmc.cli.options import (
     check_at_least,
 )
 from glmc.errors import GlmcError
+from glmc.matching.options import simplex_weights
 from glmc.methods import METHODS
 
 
@@ -106,10 +107,7 @@ def check_many(args: argparse.Namespace) -> None:
         except ValueError:
             raise GlmcError(f"--weights {args.weights!r}: give numbers separated by commas, "
                             "e.g. 0.5,0.25,0.25") from None
-        w, n = args.weight_list, len(args.models)
-        if len(w) != n or any(x < 0 for x in w) or abs(sum(w) - 1.0) > 1e-6:
-            raise GlmcError(f"--weights {args.weights}: give {n} weights >= 0 that sum to 1, "
-                            f"one per model")
+        simplex_weights(args.weight_list, len(args.models), "--weights")
     else:
         args.weight_list = None
     check_at_least(args, iters=1, rounds=1)

@@ -4,6 +4,7 @@ choices from here). :mod:`glmc.matching.weight` and :mod:`glmc.matching.learned`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,3 +150,15 @@ def parse_lambda(spec: str) -> tuple[str, float, float]:
             or (kind == "gaussian" and hi < 0)):
         raise bad
     return kind, lo, hi
+
+
+def simplex_weights(weights: Sequence[float] | None, n: int, what: str = "weights") -> list[float]:
+    """The weights of n models as floats: uniform when None; else n of them, each >= 0,
+    summing to 1 (within 1e-6), or a GlmcError naming ``what``."""
+    if weights is None:
+        return [1.0 / n] * n
+    w = [float(x) for x in weights]
+    if len(w) != n or any(x < 0 for x in w) or abs(sum(w) - 1.0) > 1e-6:
+        raise GlmcError(f"{what} {','.join(f'{x:g}' for x in w)}: give {n} weights >= 0 that "
+                        "sum to 1, one per model")
+    return w
