@@ -125,7 +125,8 @@ def test_merge_of_three_models_writes_the_stock_class_with_its_frame(bert_set, t
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--weights", "0.5,0.5"], "give 3 weights >= 0 that sum to 1"),
-    (["--align", "learned"], "merged by weight matching"),
+    (["--align", "learned"], "reads training data: give --data"),
+    (["--align", "activation"], "not --align activation"),
     (["--weights", "a,b,c"], "give numbers separated by commas"),
 ])
 def test_bad_many_model_merges_are_one_line_errors(bert_set, tmp_path, capsys, extra, message):
@@ -133,6 +134,24 @@ def test_bad_many_model_merges_are_one_line_errors(bert_set, tmp_path, capsys, e
 
     assert main(["merge", *bert_set, "-o", str(tmp_path / "x"), *extra]) != 0
     assert message in capsys.readouterr().err
+
+
+def test_learned_refinement_of_three_models_is_in_the_merge_and_its_report(bert_set,
+                                                                         tmp_path, capsys):
+    import json
+
+    from glmc.cli.main import main
+
+    out = tmp_path / "merged"
+    assert main(["merge", *bert_set, "-o", str(out), "--align", "learned", "--data",
+                 "shakespeare", "--steps", "8", "--eval-every", "4", "--dirichlet-alpha", "0.5",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["frame"]["method"] == "mergemany+learned"
+    learned = report["learned"]
+    assert learned["steps"] == 8 and learned["alpha"] == 0.5 and len(learned["eval_points"]) == 4
+    assert learned["best_val"] <= learned["start_val"]
+    assert set(learned["distance_from_init"]) == {"model 2", "model 3"}
 
 
 def test_barrier_of_three_models_reports_the_merge_and_every_pair(bert_set, capsys):

@@ -33,10 +33,10 @@ from glmc.io.folders import (
     read_state_file,
 )
 from glmc.io.token_counts import read_token_counts
-from glmc.matching.many import FRAMES, Frame, cycle_error, star, weighted_mean
-from glmc.matching.many import merge_many as mergemany_frame
-from glmc.matching.options import simplex_weights
-from glmc.matching.weight import weight_matching
+from glmc.matching.learned import learned_many
+from glmc.matching.many import Frame, cycle_error, find_frame, weighted_mean
+from glmc.matching.options import FRAMES, MANY_METHODS, simplex_weights
+from glmc.matching.weight import centred_pair, weight_matching
 from glmc.methods import Alignment, AlignOptions, get_method, statistics_batches
 from glmc.model import CanonicalModel
 from glmc.pair import StockPair, prepare_pair, shared_tokenizer, stock_pair
@@ -269,11 +269,13 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
     averaged with ``weights`` (uniform by default; they must be >= 0 and sum to 1).
 
     ``frame``: ``"mergemany"`` (each model in turn aligned to the mean of the others, from
-    the star alignment) or ``"star"`` (each aligned to the first); ``method``: ``"weight"``
-    or ``"weight-perm"`` (the residual stream permuted). With two models, ``star`` is
-    :func:`merge` with ``method``. ``correction="reset"`` or ``"repair"`` (with ``data=``)
-    corrects the merged model's statistics: its own BatchNorm statistics, or REPAIR toward
-    the weighted models' (see :mod:`glmc.correction`).
+    the star alignment) or ``"star"`` (each aligned to the first). ``method``:
+    ``"weight"`` or ``"weight-perm"`` (the residual stream permuted), or ``"learned"`` /
+    ``"learned-perm"`` (with ``data=``): the frame refined by learned matching over the
+    simplex, λ ~ Dirichlet(α) at each step (``dirichlet_alpha=``, default 0.1). With two
+    models, ``star`` is :func:`merge` with ``method``. ``correction="reset"`` or
+    ``"repair"`` (with ``data=``) corrects the merged model's statistics: its own BatchNorm
+    statistics, or REPAIR toward the weighted models' (see :mod:`glmc.correction`).
 
     Example::
 
@@ -281,11 +283,12 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
         out.save("runs/merged")
     """
     if frame not in FRAMES:
-        raise GlmcError(f"unknown frame {frame!r} ({' or '.join(FRAMES)})")
+        raise GlmcError(f"unknown frame {frame!r} ({', '.join(FRAMES)})")
     m = get_method(method)
-    if method not in ("weight", "weight-perm"):
-        raise GlmcError(f"merging {len(models)} models aligns them by weight matching "
-                        f"(method weight or weight-perm), not {method}")
+    if method not in MANY_METHODS:
+        raise GlmcError(f"merging {len(models)} models aligns them by weight matching, then "
+                        f"optionally learned matching ({', '.join(MANY_METHODS)}), not "
+                        f"{method}")
     n = len(models)
     if n < 2:
         raise GlmcError(f"merging needs at least 2 models, got {n}")
@@ -295,16 +298,25 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
         opts = replace(opts, residual=m.residual)
     names = [name_of(x, f"model {i + 1}") for i, x in enumerate(models)]
     models = [load_model(x) if isinstance(x, (str, Path)) else x for x in models]
-    batches = None
+    batches = learn = None
     if opts.correction != "none":  # (the data are checked before any matching)
         data = correction_data(models[0], models[1], opts.correction, opts.data,
                                opts.tokenizer, opts.data_seed)
         batches = statistics_batches(canonical(models[0]), data)
     first = canonical(models[0])
+    if m.data:
+        learn, _ = learning_data(first, opts.data, opts.tokenizer, names[0], models=models,
+                                 data_seed=opts.data_seed, method=method)
     canon = [prepare_pair(first, x, opts.heads)[1] for x in (first, *models[1:])]
     wm = opts.weight_matching()
-    found = (mergemany_frame(canon, wm, max_rounds=max_rounds, seed=opts.seed or 0)
-             if frame == "mergemany" else star(canon, wm))
+    found = find_frame(frame, canon, wm, max_rounds=max_rounds, seed=opts.seed or 0)
+    learned = None
+    if learn is not None:
+        learned = learned_many(canon, learn, found.transforms, opts.learned_matching(),
+                               fix_ones=all(centred_pair(canon[0], x) for x in canon[1:]),
+                               progress=opts.learned_progress, inner=wm.inner)
+        found = Frame(f"{found.method}+learned", learned.transforms, found.rounds,
+                      found.converged)
     moved = found.moved(canon)
     merged = canon[0].with_state(weighted_mean([x.state for x in moved], w))
     if batches is not None:
@@ -315,6 +327,8 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
     settings = {"models": names, "weights": w, "frame_method": frame, "align": method,
                 "residual": opts.residual, "heads": opts.heads, "correction": opts.correction,
                 "cycle_error_pairwise": cycle_error(canon, pairs, found) if pairs else None}
+    if learned is not None:
+        settings["learned"] = learned.to_json()
     return ManyMerge(merged, found, settings)
 
 

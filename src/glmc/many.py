@@ -5,15 +5,15 @@ frame costs each pair (``glmc barrier M1 ... Mn``).
 evaluates on the same fixed batches: every model alone and the mean of their losses; the
 merged model with uniform weights and, when given, with ``weights``; and every pair's barrier
 on the line between the two in the joint frame, beside the barrier after aligning that pair
-on its own (weight matching of the pair): the ratio says what consistency across the set
-costs the pair.
+on its own (the pair aligned by the same method: weight matching, or weight then learned
+matching): the ratio says what consistency across the set costs the pair.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,7 @@ from glmc.evaluate import (
 from glmc.io.folders import canonical, load_model, name_of
 from glmc.matching.many import weighted_mean
 from glmc.matching.options import simplex_weights
-from glmc.matching.weight import weight_matching
-from glmc.methods import AlignOptions
+from glmc.methods import AlignOptions, get_method
 from glmc.verify import same_interface
 
 
@@ -101,6 +100,9 @@ def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
     ev = Evaluator(canon[0].config, batches)
     lambdas = lambda_grid(points)
     options = options or AlignOptions()
+    pair_method = get_method(method)
+    if pair_method.data and options.data is None:  # (learned: on the train split of data)
+        options = replace(options, data=ds)
 
     joint = merge_many(canon, frame=frame, method=method, max_rounds=max_rounds,
                        options=options)
@@ -110,12 +112,11 @@ def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
     weighted = None
     if weights is not None:
         weighted = _result(ev.evaluate(weighted_mean([m.state for m in moved], w)))
-    wm = options.weight_matching()
     pairs = []
     for i in range(len(canon)):
         for j in range(i + 1, len(canon)):
             in_frame = ev.evaluate_along(LinePath(moved[i], moved[j]), lambdas)
-            own = canon[j].transformed(weight_matching(canon[i], canon[j], wm).transform)
+            own = pair_method(canon[i], canon[j], options).aligned
             alone = ev.evaluate_along(LinePath(canon[i], own), lambdas)
             b_joint = barrier(lambdas, [r.loss for r in in_frame])
             b_pair = barrier(lambdas, [r.loss for r in alone])

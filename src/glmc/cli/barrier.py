@@ -16,6 +16,7 @@ from glmc.cli.options import (
     add_tokenizer,
     alignment_options,
     check_at_least,
+    check_many_method,
     check_points,
     learned_options,
 )
@@ -27,6 +28,7 @@ from glmc.defaults import (
     TEXT_LOGITS_BUDGET,
 )
 from glmc.errors import GlmcError
+from glmc.matching.options import FRAMES
 from glmc.methods import METHODS, get_method
 
 if TYPE_CHECKING:
@@ -42,17 +44,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         sub, "barrier",
         "Measure the loss (and accuracy) barrier on the straight line between A and B, for "
         "each alignment method: θ(λ) = λ·A + (1 − λ)·π(B) on a grid of λ. With three "
-        "models or more: all brought into one frame by weight matching (--frame), the "
+        "models or more: all brought into one frame by weight matching (--frame; --align "
+        "learned refines it on the simplex), the "
         "merged model (uniform, and --weights) beside each model and their mean, and every "
         "pair's barrier in the joint frame beside its barrier aligned on its own.",
         "glmc barrier runs/vit-a runs/vit-b --data mnist5k --align none --align weight "
-        "--plot barrier.png\n  glmc barrier runs/a runs/b runs/c --data mnist5k")
+        "--plot barrier.png\n  glmc barrier runs/a runs/b runs/c --data mnist5k\n"
+        "  glmc barrier runs/a runs/b runs/c --data mnist5k --align learned")
     p.add_argument("models", nargs="+", metavar="M",
                    help="model folders A (λ = 1, the reference) and B (λ = 0, aligned to "
                    "A), or M1 M2 ... Mn")
     p.add_argument("--weights", default=None, metavar="W1,...,Wn",
                    help="three models or more: weights of a second merged model")
-    p.add_argument("--frame", choices=("mergemany", "star"), default="mergemany",
+    p.add_argument("--frame", choices=FRAMES, default="mergemany",
                    help="three models or more: how they are brought into one frame")
     p.add_argument("--data", required=True,
                    help=f"dataset name ({', '.join(DATASETS)}) or a text file, a .tsv of "
@@ -84,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_tokenizer(g)
     add_alignment_options(p, residual=False)
     add_correction(p)
-    add_learned_options(p)
+    add_learned_options(p, many=True)
     p.add_argument("--plot", metavar="FILE.png",
                    help="write the curves of every method as a PNG")
     p.add_argument("--title", help="plot title (default: A, B, data and split)")
@@ -159,11 +163,11 @@ def check(args: argparse.Namespace) -> None:
     args.a, args.b = args.models[:2]
     if len(args.models) > 2:
         methods = list(dict.fromkeys(args.methods or ["weight"]))
-        if methods not in (["weight"], ["weight-perm"]) or args.plot:
-            raise GlmcError(f"{len(args.models)} models are brought into one frame by weight "
-                            "matching: give at most one --align, weight or weight-perm, and "
-                            "no --plot")
-        args.methods = methods
+        if len(methods) > 1 or args.plot:
+            raise GlmcError(f"{len(args.models)} models are brought into one frame by one "
+                            "method: give at most one --align, and no --plot")
+        args.methods, args.align = methods, methods[0]
+        check_many_method(args)
         args.weight_list = (None if args.weights is None
                             else [float(x) for x in args.weights.split(",")])
     elif args.weights is not None:

@@ -28,9 +28,10 @@ from glmc.cli.options import (
     add_tokenizer,
     alignment_options,
     check_at_least,
+    check_many_method,
 )
 from glmc.errors import GlmcError
-from glmc.matching.options import simplex_weights
+from glmc.matching.options import FRAMES, simplex_weights
 from glmc.methods import METHODS
 
 
@@ -41,10 +42,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(--align weight or learned) or not (--align none: the stock weights averaged as "
         "loaded; --align canonical: averaged in canonical coordinates). alpha = 1 is A. "
         "Three models or more are brought into one frame by weight matching (--frame "
-        "mergemany: each in turn aligned to the mean of the others; star: each to the first) "
-        "and averaged with --weights (uniform by default), in M1's coordinates.",
+        "mergemany: each in turn aligned to the mean of the others; star: each to the "
+        "first), refined by learned matching over "
+        "the simplex with --align learned, and averaged with --weights (uniform by default), "
+        "in M1's coordinates.",
         "glmc merge runs/gpt-a runs/gpt-b -o runs/merged --alpha 0.5 --align weight\n"
-        "  glmc merge runs/a runs/b runs/c -o runs/merged3 --weights 0.5,0.25,0.25")
+        "  glmc merge runs/a runs/b runs/c -o runs/merged3 --weights 0.5,0.25,0.25\n"
+        "  glmc merge runs/a runs/b runs/c -o runs/merged3 --align learned --data shakespeare")
     p.add_argument("models", nargs="+", metavar="M",
                    help="model folders: A B (alpha = 1 is A), or M1 M2 ... Mn")
     add_out(p, "output folder (written atomically)")
@@ -52,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", default=None, metavar="W1,...,Wn",
                    help="three models or more: their weights, >= 0 and summing to 1 "
                    "(default: uniform)")
-    p.add_argument("--frame", choices=("mergemany", "star"), default="mergemany",
+    p.add_argument("--frame", choices=FRAMES, default="mergemany",
                    help="three models or more: how they are brought into one frame "
                    "(default: mergemany)")
     p.add_argument("--rounds", type=int, default=10,
@@ -70,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-stock", action="store_true",
                    help="always write a glmc folder, even when the stock class could hold it")
     add_alignment_options(p)
-    add_learned_options(p)
+    add_learned_options(p, many=True)
     add_json(p)
     add_allow_pickle(p)
     p.set_defaults(func=run, check=check)
@@ -95,12 +99,11 @@ def check(args: argparse.Namespace) -> None:
 
 
 def check_many(args: argparse.Namespace) -> None:
-    """Three models or more: weight matching only, the weights parsed, OUT free."""
+    """Three models or more: a method for N models, its data given, the weights parsed, OUT
+    free."""
     from glmc.io.outputs import check_output, model_bytes, stored_params
 
-    if args.align not in ("weight", "weight-perm"):
-        raise GlmcError(f"{len(args.models)} models are merged by weight matching (--align "
-                        f"weight or weight-perm), not --align {args.align}")
+    check_many_method(args)
     if args.weights is not None:
         try:
             args.weight_list = [float(x) for x in args.weights.split(",")]
@@ -132,9 +135,11 @@ def _run_many(args: argparse.Namespace) -> int:
     models = [load_model(m, allow_pickle=args.allow_pickle) for m in args.models]
     for m in models:
         m.stock_state = None  # (merged in canonical form)
-    options = alignment_options(args, getattr(models[0].canonical.config, "vocab_size", None))
-    out = merge_many(models, weights=args.weight_list, frame=args.frame, method=args.align,
-                     max_rounds=args.rounds, options=options)
+    with alignment_progress(args) as callbacks:
+        options = alignment_options(args, getattr(models[0].canonical.config, "vocab_size",
+                                                  None), **callbacks)
+        out = merge_many(models, weights=args.weight_list, frame=args.frame,
+                         method=args.align, max_rounds=args.rounds, options=options)
     report = out.save(args.out, force=args.force, stock=not args.no_stock,
                       report={"models": [str(m) for m in args.models]}, started=t0)
     print_warnings(report.get("warnings", []))

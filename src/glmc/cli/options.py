@@ -84,7 +84,8 @@ def add_tokenizer(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
                    "BPE); its vocabulary must be the model's")
 
 
-def add_learned_options(p: argparse.ArgumentParser) -> None:
+def add_learned_options(p: argparse.ArgumentParser, many: bool = False) -> None:
+    """Learned matching's options (``many``: also those of N models' refinement)."""
     d = LearnedMatchingOptions()
     g = p.add_argument_group("learned matching (method learned)")
     g.add_argument("--steps", type=int, default=d.steps, help="optimisation steps (max)")
@@ -96,6 +97,10 @@ def add_learned_options(p: argparse.ArgumentParser) -> None:
                    help="global batch (split over the ranks under torchrun)")
     g.add_argument("--lam", default=d.lam,
                    help="λ distribution: uniform:LO,HI or gaussian:MEAN,STD")
+    if many:
+        g.add_argument("--dirichlet-alpha", type=float, default=d.dirichlet_alpha,
+                       help="three models or more: λ ~ Dirichlet(α, ..., α) on the simplex "
+                       "at each step (default: %(default)s, the paper's)")
     g.add_argument("--eval-every", type=int, default=d.eval_every,
                    help="validate at the fixed λ = 0.5 every this many steps")
     g.add_argument("--patience", type=int, default=d.patience,
@@ -114,6 +119,7 @@ def learned_options(args: argparse.Namespace, out: str | Path | None) -> Learned
         parse_lambda(args.lam)
     except GlmcError as e:
         raise GlmcError(f"--lam: {e}") from None
+    d_alpha = LearnedMatchingOptions.dirichlet_alpha
     ckpt = None
     if out is not None:
         out = Path(out)
@@ -121,6 +127,7 @@ def learned_options(args: argparse.Namespace, out: str | Path | None) -> Learned
     return LearnedMatchingOptions(
         steps=args.steps, lr=args.lr, perm_lr_scale=args.perm_lr_scale,
         batch_size=args.train_batch_size, lam=args.lam,
+        dirichlet_alpha=getattr(args, "dirichlet_alpha", d_alpha),
         eval_every=args.eval_every, patience=args.patience, seed=args.seed,
         residual=getattr(args, "residual", "orthogonal"), checkpoint=ckpt,
         checkpoint_every=args.checkpoint_every, resume=args.resume)
@@ -143,3 +150,17 @@ def alignment_options(args: argparse.Namespace, vocab_size: int | None = None, *
               "learned": learned_options(args, getattr(args, "out", None)),
               "correction": getattr(args, "correction", "none")}
     return AlignOptions(**(fields | extra))
+
+
+def check_many_method(args: argparse.Namespace) -> None:
+    """Three models or more: a method for N models (weight matching, then learned), with
+    its data."""
+    from glmc.matching.options import MANY_METHODS
+
+    n = len(args.models)
+    if args.align not in MANY_METHODS:
+        raise GlmcError(f"{n} models are aligned by weight matching, then optionally learned "
+                        f"matching (--align {', '.join(MANY_METHODS)}), not --align "
+                        f"{args.align}")
+    if args.align.startswith("learned") and not args.data:
+        raise GlmcError(f"--align {args.align} reads training data: give --data")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -165,6 +165,30 @@ class Latents(torch.nn.Module):
         self.aligned_for = {k: v.clone() for k, v in snap["aligned_for"].items()}
 
 
+class LatentSet(torch.nn.Module):
+    """The latents of N − 1 models against the first (the frame), trained together."""
+
+    def __init__(self, members: Sequence[Latents]) -> None:
+        super().__init__()
+        self.members = torch.nn.ModuleList(members)
+
+    def project(self, pool: ThreadPoolExecutor | None) -> list[torch.nn.Parameter]:
+        return [p for m in self.members for p in m.project(pool)]
+
+    def transforms(self) -> list[Transform]:
+        return [m.transform() for m in self.members]
+
+    def snapshot(self) -> dict:
+        return {"members": [m.snapshot() for m in self.members]}
+
+    def restore(self, snap: dict, where: str = "") -> None:
+        if len(snap.get("members", ())) != len(self.members):
+            raise GlmcError(f"{where}: latents of {len(snap.get('members', ()))} models, these "
+                            f"are {len(self.members) + 1} (a checkpoint of other models?)")
+        for m, s in zip(self.members, snap["members"], strict=True):
+            m.restore(s, where)
+
+
 # -- the path ------------------------------------------------------------------------------
 
 
@@ -174,34 +198,49 @@ def task_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 class PathModel:
-    """θ(λ) = λ·θ_A + (1 − λ)·π(θ_B) evaluated with one module, π from the latents."""
+    """θ(w) = Σ_i w_i·π_i(θ_i) over N models (π_1 the identity, π_i from ``latents[i − 2]``)
+    evaluated with one module. A pair takes a float λ: θ(λ) = λ·θ_A + (1 − λ)·π(θ_B)."""
 
-    def __init__(self, a: CanonicalModel, b: CanonicalModel, latents: Latents,
+    def __init__(self, a: CanonicalModel, b: CanonicalModel | Sequence[CanonicalModel],
+                 latents: Latents | Sequence[Latents],
                  dtype: torch.dtype = torch.float32) -> None:
+        others = [b] if isinstance(b, CanonicalModel) else list(b)
+        self.latents = latents  # (a pair's own Latents, as it was given)
+        self.members = [latents] if isinstance(latents, Latents) else list(latents)
+        if len(self.members) != len(others):
+            raise ValueError(f"{len(others)} models after the first, {len(self.members)} "
+                             "latents")
         self.spec = a.spec
-        self.a = {k: v.to(dtype) for k, v in a.state.items()}
-        self.b = {k: v.to(dtype) for k, v in b.state.items()}
+        self.states = [{k: v.to(dtype) for k, v in m.state.items()} for m in (a, *others)]
         self.module = a.module(dtype)
         for p in self.module.parameters():
             p.requires_grad_(False)
-        self.latents = latents
 
-    def state(self, lam: float) -> StateDict:
-        els = self.latents.elements()
+    @staticmethod
+    def weights(lam: float | Sequence[float]) -> tuple[float, ...]:
+        """The models' weights at ``lam`` (a pair's λ: (λ, 1 − λ))."""
+        return (lam, 1 - lam) if isinstance(lam, (int, float)) else tuple(lam)
+
+    def state(self, lam: float | Sequence[float]) -> StateDict:
+        w = self.weights(lam)
+        els = [m.elements() for m in self.members]
         out = {}
-        for n, xa in self.a.items():
+        for n, x0 in self.states[0].items():
             tags = self.spec.axes.get(n)
-            xb = apply_axes(self.b[n], tags, els) if tags else self.b[n]
-            out[n] = lam * xa + (1 - lam) * xb
+            acc = w[0] * x0
+            for wi, st, e in zip(w[1:], self.states[1:], els, strict=True):
+                acc = acc + wi * (apply_axes(st[n], tags, e) if tags else st[n])
+            out[n] = acc
         return out
 
-    def loss(self, lam: float, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss(self, lam: float | Sequence[float], x: torch.Tensor,
+             y: torch.Tensor) -> torch.Tensor:
         state = self.state(lam)
         return task_loss(functional_call(self.module, state, (_cast(x, state),)), y)
 
     @torch.no_grad()
-    def evaluate(self, batches: list, lambdas: tuple[float, ...]) -> float:
-        """Mean loss over ``batches`` and ``lambdas``."""
+    def evaluate(self, batches: list, lambdas: Sequence) -> float:
+        """Mean loss over ``batches`` and ``lambdas`` (floats for a pair, else weights)."""
         total = 0.0
         for lam in lambdas:
             total += sum(float(self.loss(lam, x, y)) for x, y in batches) / len(batches)
@@ -258,7 +297,7 @@ def _schedule(opts: LearnedMatchingOptions) -> Callable[[int], float]:
 class _Run:
     """Everything a step reads and a checkpoint keeps."""
 
-    latents: Latents
+    latents: Latents | LatentSet
     optim: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LambdaLR
     data_gen: torch.Generator
@@ -269,16 +308,24 @@ class _Run:
     bad: int = 0
     #: What else defines the run (inner maps, fixed all-ones direction): a resume must match.
     setup: dict = field(default_factory=dict)
+    #: Where the path is validated, and the draw of the training points (see PathModel).
+    points: tuple = (0.5,)
+    sample: Callable[[torch.Generator], float | tuple[float, ...]] | None = None
+    #: The models' own points (a pair: λ = 1 is A, 0 is B), for the baseline.
+    vertices: tuple = (1.0, 0.0)
 
     @classmethod
-    def start(cls, latents: Latents, init: Transform, opts: LearnedMatchingOptions,
-              setup: dict) -> _Run:
-        """A fresh run: AdamW with warm-up and cosine decay, the start as the best so far."""
+    def start(cls, latents: Latents | LatentSet, result: LearnedResult,
+              opts: LearnedMatchingOptions, setup: dict, **where) -> _Run:
+        """A fresh run: AdamW with warm-up and cosine decay, the start as the best so far.
+        ``where``: ``points``, ``sample`` and ``vertices`` (default: the pair's)."""
         optim = _optimiser(latents, opts)
+        where.setdefault("points", opts.eval_lambdas)
+        where.setdefault("sample", _lambda_sampler(opts.lam))
         return cls(latents, optim, torch.optim.lr_scheduler.LambdaLR(optim, _schedule(opts)),
                    torch.Generator().manual_seed(opts.seed),
                    torch.Generator().manual_seed(opts.seed + 1), latents.snapshot(),
-                   LearnedResult(transform=init), setup=setup)
+                   result, setup=setup, **where)
 
     def save(self, path: Path, opts: LearnedMatchingOptions) -> None:
         from glmc.io.atomic import atomic_path
@@ -309,9 +356,9 @@ class _Run:
         return True
 
 
-def _optimiser(latents: Latents, opts: LearnedMatchingOptions) -> torch.optim.Optimizer:
+def _optimiser(latents: Latents | LatentSet, opts: LearnedMatchingOptions) -> torch.optim.Optimizer:
     """AdamW; the permutations' latents at ``perm_lr_scale`` of the learning rate."""
-    perms = [p for m in latents.latents.values() if isinstance(m, PermutationLatent)
+    perms = [p for m in latents.modules() if isinstance(m, PermutationLatent)
              for p in m.parameters()]
     others = [p for p in latents.parameters() if all(p is not q for q in perms)]
     # The scale holds permutations near their start while continuous maps adapt; with
@@ -372,21 +419,105 @@ def learned_matching(
     _check(opts)
     latents = Latents(a, b, init, opts.residual, inner, fix_ones)
     path = PathModel(a, b, latents, getattr(torch, opts.dtype))
+    result = _fit(a, path, latents, LearnedResult(transform=init), data, opts,
+                  {"inner": inner, "fix_ones": fix_ones}, progress)
+    result.transform = latents.transform()
+    result.distance = distance(init, result.transform)
+    return result
+
+
+@dataclass
+class LearnedManyResult(LearnedResult):
+    """Learned refinement of N models' frame: ``transforms`` (the first the identity)."""
+
+    transforms: list[Transform] = field(default_factory=list)
+    points: list[list[float]] = field(default_factory=list)  # where it was validated
+    alpha: float = math.nan
+
+    def to_json(self) -> dict:
+        return super().to_json() | {"alpha": self.alpha, "eval_points": self.points}
+
+
+def simplex_points(n: int) -> tuple[tuple[float, ...], ...]:
+    """Where N models' refinement is validated: the centroid (the uniform merge) and every
+    pair's midpoint (the pairwise barriers); for two models the midpoint alone."""
+    centroid = tuple([1.0 / n] * n)
+    mids = [tuple(0.5 if k in (i, j) else 0.0 for k in range(n))
+            for i in range(n) for j in range(i + 1, n)]
+    return (centroid, *mids) if n > 2 else (centroid,)
+
+
+def _dirichlet(alpha: float, n: int) -> Callable[[torch.Generator], tuple[float, ...]]:
+    """λ ~ Dirichlet(α, ..., α) over n models, drawn from the run's generator (numpy's
+    sampler seeded from it, so that a resumed run draws the same λs)."""
+    import numpy as np
+
+    def draw(g: torch.Generator) -> tuple[float, ...]:
+        seed = int(torch.randint(2**62, (), generator=g))
+        return tuple(float(w) for w in np.random.default_rng(seed).dirichlet([alpha] * n))
+
+    return draw
+
+
+def learned_many(
+    models: Sequence[CanonicalModel],
+    data,
+    init: Sequence[Transform],
+    opts: LearnedMatchingOptions | None = None,
+    fix_ones: bool = True,
+    progress=None,
+    inner: str | None = None,
+) -> LearnedManyResult:
+    """Refine N models' frame ``init`` (one transform per model into the first model's
+    coordinates, the first the identity: e.g. MergeMany's) against the task loss at
+    θ(λ) = Σ_i λ_i·π_i(θ_i), with λ ~ Dirichlet(α, ..., α) at each step
+    (``opts.dirichlet_alpha``). Models 2..N train their own latents, as in
+    :func:`learned_matching` against the first; validation is at :func:`simplex_points`,
+    and the start is the best so far. ``inner``, ``fix_ones`` and ``progress`` as for
+    :func:`learned_matching` (``opts.lam`` and ``opts.eval_lambdas`` are the pair's and are
+    not read)."""
+    opts = opts or LearnedMatchingOptions()
+    inner = inner or default_inner(opts.residual)
+    _check(opts)
+    n = len(models)
+    if n < 2 or len(init) != n:
+        raise GlmcError(f"learned refinement needs 2 or more models and one transform each, "
+                        f"got {n} models and {len(init)} transforms")
+    alpha = opts.dirichlet_alpha
+    latents = LatentSet([Latents(models[0], m, t, opts.residual, inner, fix_ones)
+                         for m, t in zip(models[1:], init[1:], strict=True)])
+    path = PathModel(models[0], models[1:], list(latents.members), getattr(torch, opts.dtype))
+    points = simplex_points(n)
+    vertices = tuple(tuple(float(k == i) for k in range(n)) for i in range(n))
+    result = _fit(models[0], path, latents,
+                  LearnedManyResult(transform=init[0], points=[list(p) for p in points],
+                                    alpha=alpha),
+                  data, opts, {"inner": inner, "fix_ones": fix_ones, "models": n,
+                               "alpha": alpha}, progress,
+                  points=points, sample=_dirichlet(alpha, n), vertices=vertices)
+    result.transforms = [init[0], *latents.transforms()]
+    result.distance = {f"model {i + 1}": distance(t0, t) for i, (t0, t) in
+                       enumerate(zip(init, result.transforms, strict=True)) if i}
+    return result
+
+
+def _fit(a: CanonicalModel, path: PathModel, latents: Latents | LatentSet,
+         result: LearnedResult, data, opts: LearnedMatchingOptions, setup: dict, progress,
+         **where) -> LearnedResult:
+    """The run: validation batches, a fresh or resumed start, the steps; the latents end at
+    the best point found (``where``: see :meth:`_Run.start`)."""
     context = opts.context or a.task.context(a.config)
     val_batches = _validation_batches(data, opts, context)
-    run = _Run.start(latents, init, opts, setup={"inner": inner, "fix_ones": fix_ones})
+    run = _Run.start(latents, result, opts, setup=setup, **where)
     ckpt = Path(opts.checkpoint) if opts.checkpoint else None
     resumed = run.resume(ckpt, opts)
-    _evaluate_start(run, path, val_batches, opts, resumed)
+    _evaluate_start(run, path, val_batches, resumed)
     batches = data.batches("train", opts.batch_size, context, generator=run.data_gen)
     t0 = time.perf_counter()
     _train(run, path, batches, val_batches, opts, ckpt, progress)
     latents.restore(run.best)
-    result = run.result
-    result.transform = latents.transform()
-    result.steps, result.seconds = len(result.log), time.perf_counter() - t0
-    result.distance = distance(init, result.transform)
-    return result
+    run.result.steps, run.result.seconds = len(run.result.log), time.perf_counter() - t0
+    return run.result
 
 
 def _check(opts: LearnedMatchingOptions) -> None:
@@ -407,28 +538,27 @@ def _validation_batches(data, opts: LearnedMatchingOptions, context: int | None)
     return batches
 
 
-def _evaluate_start(run: _Run, path: PathModel, batches: list, opts: LearnedMatchingOptions,
-                    resumed: bool) -> None:
+def _evaluate_start(run: _Run, path: PathModel, batches: list, resumed: bool) -> None:
     """The baseline (the endpoints' losses, interpolated linearly) and, unless resumed, the
     start's loss: the best so far, so the result is never worse than weight matching."""
     result = run.result
-    with torch.no_grad():  # π(B) computes B's function, so λ = 0 needs no latent
-        ends = {lam: path.evaluate(batches, (lam,)) for lam in (0.0, 1.0)}
+    with torch.no_grad():  # π_i(θ_i) computes model i's function: a vertex needs no latent
+        ends = [path.evaluate(batches, (v,)) for v in run.vertices]
         if not resumed:
-            result.start_val = result.best_val = path.evaluate(batches, opts.eval_lambdas)
-    result.baseline_val = sum(lam * ends[1.0] + (1 - lam) * ends[0.0]
-                              for lam in opts.eval_lambdas) / len(opts.eval_lambdas)
+            result.start_val = result.best_val = path.evaluate(batches, run.points)
+    result.baseline_val = sum(
+        sum(w * e for w, e in zip(path.weights(p), ends, strict=True))
+        for p in run.points) / len(run.points)
 
 
 def _train(run: _Run, path: PathModel, batches: Iterator, val_batches: list,
            opts: LearnedMatchingOptions, ckpt: Path | None, progress) -> None:
     """Steps until ``opts.steps`` (or ``opts.patience`` evaluations without a better one),
     validating every ``opts.eval_every``; rank 0 reports and writes the checkpoints."""
-    sample_lam = _lambda_sampler(opts.lam)
     rank = distributed.rank()
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         while run.step < opts.steps:
-            row = _train_step(run, path, next(batches), sample_lam(run.lam_gen), opts, pool,
+            row = _train_step(run, path, next(batches), run.sample(run.lam_gen), opts, pool,
                               ckpt)
             last = run.step == opts.steps
             if run.step % opts.eval_every == 0 or last:
@@ -471,7 +601,8 @@ def _train_step(run: _Run, path: PathModel, batch: tuple, lam: float,
     run.optim.step()
     run.sched.step()
     run.step += 1
-    return {"step": run.step, "loss": float(loss.detach()), "lambda": lam}
+    return {"step": run.step, "loss": float(loss.detach()),
+            "lambda": lam if isinstance(lam, float) else [round(w, 6) for w in lam]}
 
 
 def _validate(run: _Run, path: PathModel, batches: list, opts: LearnedMatchingOptions,
@@ -479,7 +610,7 @@ def _validate(run: _Run, path: PathModel, batches: list, opts: LearnedMatchingOp
     """Validation loss of the hard elements; keep them if they are the best so far."""
     for p in run.latents.project(pool):
         run.optim.state.pop(p, None)
-    val = path.evaluate(batches, opts.eval_lambdas)
+    val = path.evaluate(batches, run.points)
     if val < run.result.best_val:
         run.result.best_val, run.result.best_step, run.bad = val, run.step, 0
         run.best = run.latents.snapshot()

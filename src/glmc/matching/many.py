@@ -22,13 +22,14 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from glmc.errors import GlmcError
-from glmc.matching.options import WeightMatchingOptions
+from glmc.matching.options import FRAMES, WeightMatchingOptions
 from glmc.matching.weight import fixes_ones, weight_matching
 from glmc.model import CanonicalModel, check_pair
 from glmc.symmetry.transform import Transform
 from glmc.tensors import StateDict
 
-FRAMES = ("mergemany", "star")
+#: A round that changes the sum of the models' distances by at most this much of it: settled.
+SETTLED = 1e-4
 
 
 @dataclass
@@ -99,12 +100,12 @@ def star(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | None = 
 
 
 def merge_many(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | None = None,
-               max_rounds: int = 10, tol: float = 1e-4, seed: int = 0,
+               max_rounds: int = 10, tol: float = SETTLED, seed: int = 0,
                progress: Callable[[int, int], None] | None = None) -> Frame:
     """MergeMany from the star alignment: in each round, the models in a random order
-    (``seed``), each aligned to the mean of the others in the frame. Stops when a round
-    changes the sum of the models' distances to the others' mean by at most ``tol`` of it
-    (the models settled), else after ``max_rounds``."""
+    (``seed``), each aligned to the mean of the others in the frame as they stand. Stops when
+    a round changes the sum of the models' distances to their targets by at most ``tol`` of
+    it (the models settled), else after ``max_rounds``."""
     frame = star(models, opts)
     opts = _options(models, opts)
     spec, n = models[0].spec, len(models)
@@ -131,6 +132,17 @@ def merge_many(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | N
     back = transforms[0].inverse(spec)
     transforms = [Transform.identity(spec), *(back.compose(t, spec) for t in transforms[1:])]
     return Frame("mergemany", transforms, [frame.rounds[0], *rounds], converged)
+
+
+def find_frame(method: str, models: Sequence[CanonicalModel],
+               opts: WeightMatchingOptions | None = None, max_rounds: int = 10,
+               seed: int = 0, progress: Callable[[int, int], None] | None = None) -> Frame:
+    """The frame of ``models`` by ``method`` (one of FRAMES; ``star`` has no rounds)."""
+    if method not in FRAMES:
+        raise GlmcError(f"unknown frame {method!r} ({', '.join(FRAMES)})")
+    if method == "star":
+        return star(models, opts)
+    return merge_many(models, opts, max_rounds, seed=seed, progress=progress)
 
 
 def cycle_error(models: Sequence[CanonicalModel], maps: dict[tuple[int, int], Transform],

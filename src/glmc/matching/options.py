@@ -98,6 +98,8 @@ class LearnedMatchingOptions:
     clip: float = 1.0
     #: λ distribution: "uniform:LO,HI" (the paper: 0.4,0.6), "gaussian:MEAN,STD", "uniform:0,1"
     lam: str = "uniform:0.4,0.6"
+    #: N models: λ ~ Dirichlet(α, ..., α) on the simplex at each step (the paper: 0.1)
+    dirichlet_alpha: float = 0.1
     eval_every: int = 100
     eval_lambdas: tuple[float, ...] = (0.5,)
     eval_batches: int = 4
@@ -114,6 +116,8 @@ class LearnedMatchingOptions:
             (self.steps >= 1, f"steps must be at least 1, got {self.steps}"),
             (self.batch_size >= 1, f"batch size must be at least 1, got {self.batch_size}"),
             (self.lr > 0, f"learning rate must be positive, got {self.lr}"),
+            (self.dirichlet_alpha > 0,
+             f"the Dirichlet α must be positive, got {self.dirichlet_alpha}"),
             (self.perm_lr_scale >= 0,
              f"permutation learning-rate scale must be >= 0, got {self.perm_lr_scale}"),
             (self.warmup >= 0, f"warm-up must be at least 0, got {self.warmup}"),
@@ -150,6 +154,13 @@ def parse_lambda(spec: str) -> tuple[str, float, float]:
             or (kind == "gaussian" and hi < 0)):
         raise bad
     return kind, lo, hi
+
+
+#: How N models are brought into one frame (see glmc.matching.many).
+FRAMES: tuple[str, ...] = ("mergemany", "star")
+#: The methods N models are merged by: weight matching, then learned refinement for the last
+#: two (see glmc.api.merge_many).
+MANY_METHODS: tuple[str, ...] = ("weight", "weight-perm", "learned", "learned-perm")
 
 
 def simplex_weights(weights: Sequence[float] | None, n: int, what: str = "weights") -> list[float]:

@@ -1,0 +1,136 @@
+"""Three transformers in one frame: the merged model and the pairwise barriers, after weight
+matching (MergeMany) and after learned refinement over the simplex.
+
+The sets are the quality suite's demo pairs (``gpt2-demo``, ``vit-demo``) with a third seed:
+seeds 0..N-1 of the same training config, trained with glmc's trainer and cached in the
+quality suite's cache (seeds 0 and 1 are its pairs). For each set and method
+(``weight``: MergeMany; ``learned``: MergeMany, then learned refinement with λ ~ Dirichlet(α)),
+:func:`glmc.many.many_barrier` on the test split reports each model's loss, their mean, the
+uniformly merged model, and every pair's barrier in the joint frame beside the pair aligned
+alone by the same method. The issue's targets: after learned refinement, the merged test loss
+within 0.1 of the models' mean, and pairwise barriers in the joint frame at most 10% above
+the pair's own.
+
+    python benchmarks/many_transformers.py                       # both sets, both methods
+    python benchmarks/many_transformers.py --sets vit-demo --methods weight
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+from _common import HERE, RESULTS, machine, provenance, write_json
+from quality import suite
+
+from glmc.demo import train_models
+from glmc.many import many_barrier
+from glmc.methods import AlignOptions
+
+SETS = ("gpt2-demo", "vit-demo")
+
+
+def folders(cache: Path, key: str, n: int) -> tuple[list[Path], str]:
+    """The set's model folders (trained where missing) and its dataset."""
+    from quality import _folder
+
+    pair = {p.key: p for p in suite()}[key]
+    jobs = [(dataclasses.replace(pair.train, seed=s), _folder(cache, pair, s)) for s in range(n)]
+    train_models(jobs, 1, lambda msg: print(msg, file=sys.stderr, flush=True))
+    return [f for _, f in jobs], pair.train.data
+
+
+def measure(models: list[Path], data: str, method: str, max_batches: int | None) -> dict:
+    t0 = time.perf_counter()
+    r = many_barrier(models, data, method=method, max_batches=max_batches,
+                     options=AlignOptions(seed=0))
+    out = r.to_json()
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    out["merged_minus_mean"] = r.merged["loss"] - r.mean_loss
+    out["worst_pair_ratio"] = max((p["ratio"] for p in r.pairs if p["ratio"] is not None),
+                                  default=None)
+    return out
+
+
+def screen_alpha(models: list[Path], data: str, alphas: list[float]) -> list[dict]:
+    """The Dirichlet α chosen on validation: learned refinement from MergeMany for each α,
+    its validation loss at the centroid and the pairs' midpoints, minus the endpoints' line
+    there (the refinement's own estimate; no test data read)."""
+    from glmc.api import merge_many
+
+    rows = []
+    for alpha in alphas:
+        t0 = time.perf_counter()
+        out = merge_many(models, method="learned", data=data,
+                         options=AlignOptions(seed=0).updated(dirichlet_alpha=alpha))
+        ln = out.settings["learned"]
+        rows.append({"alpha": alpha, "val_barrier_start": ln["start_barrier_estimate"],
+                     "val_barrier": ln["barrier_estimate"], "best_step": ln["best_step"],
+                     "seconds": round(time.perf_counter() - t0, 1)})
+        print(f"alpha {alpha}: validation barrier {ln['start_barrier_estimate']:.4f} -> "
+              f"{ln['barrier_estimate']:.4f} (best step {ln['best_step']})", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
+    ap.add_argument("--methods", nargs="+", default=["weight", "learned"])
+    ap.add_argument("--n", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-batches", type=int, default=None,
+                    help="evaluation batches (default: the barrier command's)")
+    ap.add_argument("--cache", type=Path, default=HERE.parent / "glmc-cache")
+    ap.add_argument("--train-only", action="store_true")
+    ap.add_argument("--screen-alpha", type=float, nargs="+", default=None, metavar="ALPHA",
+                    help="instead: learned refinement for each α, on validation data only")
+    ap.add_argument("--out", type=Path, default=RESULTS / "many_transformers.json")
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    results: dict = {}
+    for key in args.sets:
+        models, data = folders(args.cache, key, args.n)
+        if args.train_only:
+            continue
+        if args.screen_alpha:
+            results[key] = {"screen_alpha": screen_alpha(models, data, args.screen_alpha)}
+            continue
+        results[key] = {}
+        for method in args.methods:
+            r = measure(models, data, method, args.max_batches)
+            results[key][method] = r
+            pairs = ", ".join(f"{p['pair'][0]}-{p['pair'][1]} {p['barrier_joint']:.3f} vs "
+                              f"{p['barrier_pairwise']:.3f}" for p in r["pairs"])
+            print(f"{key} {method}: models {[round(e['loss'], 3) for e in r['endpoints']]} "
+                  f"mean {r['endpoints_mean_loss']:.3f}, merged {r['merged']['loss']:.3f} "
+                  f"(+{r['merged_minus_mean']:.3f}); pairs joint vs alone: {pairs}; "
+                  f"{r['seconds']} s", flush=True)
+    if args.train_only:
+        return
+    if args.screen_alpha:
+        write_json(args.out, {"benchmark": "many_transformers_alpha", "machine": machine(),
+                              "run": provenance(threads=args.threads), "n": args.n,
+                              "results": results})
+        print(f"wrote {args.out}")
+        return
+    print("| set | method | models' mean loss | merged | merged − mean | worst pair ratio |")
+    print("|---|---|---|---|---|---|")
+    for key, by in results.items():
+        for method, r in by.items():
+            ratio = r["worst_pair_ratio"]
+            print(f"| {key} | {method} | {r['endpoints_mean_loss']:.3f} | "
+                  f"{r['merged']['loss']:.3f} | {r['merged_minus_mean']:.3f} | "
+                  f"{'-' if ratio is None else f'{ratio:.2f}'} |")
+    write_json(args.out, {"benchmark": "many_transformers", "machine": machine(),
+                          "run": provenance(threads=args.threads), "n": args.n,
+                          "results": results})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
