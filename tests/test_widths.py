@@ -100,3 +100,93 @@ def test_models_that_differ_beyond_widths_are_refused_naming_the_field(h):
     other = CanonicalModel(same.config.replace(head_bias=True, norm_f_bias=False), same.state)
     with pytest.raises(GlmcError, match=r"head_bias \(False in A, True in B\)"):
         embed_into(other, a.config)
+
+
+# -- convnets: zero units and channels ----------------------------------------------------------
+
+
+def convnet(arch: str, seed: int, **kw):
+    """A random convnet of glmc's canonical form in float64 (BatchNorm statistics random
+    too, so that the padding's are tested)."""
+    import glmc.families
+    from glmc.families.convnet import ConvNetConfig
+    from glmc.model import CanonicalModel
+
+    shape = dict(image_size=8, num_channels=1, num_labels=5) | kw
+    cfg = ConvNetConfig(arch=arch, **shape)
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for k, v in glmc.families.family_of(cfg).build(cfg).state_dict().items():
+        if k.endswith("num_batches_tracked"):
+            continue
+        x = torch.randn(v.shape, generator=g, dtype=F64) * 0.5
+        state[k] = x.abs() + 0.5 if k.endswith("running_var") else x
+    return CanonicalModel(cfg, state)
+
+
+CONVNETS = {"mlp": (dict(hidden=16), dict(hidden=8)),
+            "vgg11": (dict(base=4, norm="batch"), dict(base=2, norm="batch")),
+            "resnet20-batch": (dict(base=4, width=2, norm="batch"),
+                               dict(base=4, width=1, norm="batch")),
+            "resnet20-none": (dict(base=4, norm="none"), dict(base=3, norm="none"))}
+
+
+def _convnet_pair(key: str):
+    arch = key.split("-")[0]
+    wide, narrow = CONVNETS[key]
+    if arch == "vgg11":
+        wide, narrow = wide | {"image_size": 32}, narrow | {"image_size": 32}
+    return convnet(arch, 0, **wide), convnet(arch, 1, **narrow)
+
+
+@pytest.mark.parametrize("key", list(CONVNETS))
+def test_a_narrower_convnet_embedded_computes_its_function(key):
+    from glmc.model import fitted
+
+    a, b = _convnet_pair(key)
+    wide = fitted(a, b)
+    assert {k: v.shape for k, v in wide.state.items()} == {k: v.shape for k, v in a.state.items()}
+    x = torch.randn(3, 1, a.config.image_size, a.config.image_size,
+                    generator=torch.Generator().manual_seed(2), dtype=F64)
+    with torch.no_grad():
+        want = b.module(F64).eval()(x)
+        got = wide.module(F64).eval()(x)
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-12
+
+
+def test_a_narrow_mlp_cut_from_a_wide_one_is_matched_onto_its_units():
+    """B is A's MLP restricted to a random subset of each layer's units: weight matching of
+    the embedded B to A sends each of B's units to the unit of A it was cut from."""
+    from glmc.model import CanonicalModel, fitted
+
+    a = convnet("mlp", 0, hidden=16)
+    g = torch.Generator().manual_seed(4)
+    keep = [torch.randperm(16, generator=g)[:10] for _ in range(a.config.depth)]
+    state, prev = {}, None
+    for i, idx in enumerate(keep):
+        w = a.state[f"layers.{i}.weight"][idx]
+        state[f"layers.{i}.weight"] = w if prev is None else w[:, prev]
+        state[f"layers.{i}.bias"] = a.state[f"layers.{i}.bias"][idx]
+        prev = idx
+    state["head.weight"], state["head.bias"] = a.state["head.weight"][:, prev], a.state["head.bias"]
+    b = CanonicalModel(a.config.replace(hidden=10), state)
+    t = weight_matching(a, fitted(a, b)).transform
+    for i, idx in enumerate(keep):
+        perm = t.elements[f"layers.{i}"].perm  # (A's unit j holds B's unit perm[j])
+        assert torch.equal(perm[idx], torch.arange(10)), (i, perm, idx)
+
+
+def test_convnets_wider_in_b_or_with_channel_layernorm_are_refused():
+    from glmc.model import fitted
+
+    a, b = convnet("resnet20", 0, base=4, norm="none"), convnet("resnet20", 1, base=6,
+                                                               norm="none")
+    with pytest.raises(GlmcError, match=r"B is wider than A \(base 4 in A, 6 in B\).*swap"):
+        fitted(a, b)
+    a, b = convnet("resnet20", 0, base=4, norm="layer"), convnet("resnet20", 1, base=2,
+                                                                norm="layer")
+    with pytest.raises(GlmcError, match="channel-LayerNorm convnet cannot be embedded"):
+        fitted(a, b)
+    a, b = convnet("mlp", 0, hidden=16), convnet("mlp", 1, hidden=8, depth=2)
+    with pytest.raises(GlmcError, match=r"depth \(3 in A, 2 in B\).*only their widths"):
+        fitted(a, b)

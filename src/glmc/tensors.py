@@ -20,3 +20,10 @@ def interpolate(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor],
 def axis_first(t: torch.Tensor, axis: int) -> torch.Tensor:
     """(t.shape[axis], rest): a view where the layout allows (a 2-D tensor's transpose)."""
     return t.movedim(axis, 0).reshape(t.shape[axis], -1)
+
+
+def pad_to(x: torch.Tensor, shape: tuple[int, ...], value: float = 0.0) -> torch.Tensor:
+    """``x`` in the leading corner of a tensor of ``shape`` filled with ``value``."""
+    out = x.new_full(shape, value)
+    out[tuple(slice(0, n) for n in x.shape)] = x
+    return out

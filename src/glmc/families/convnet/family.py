@@ -75,6 +75,12 @@ class ConvNetFamily(Family):
         config, canonical = read_state_dict(state, where, **hints)
         return CanonicalModel(config, {k: v.float() for k, v in canonical.items()})
 
+    def embed_into(self, model: CanonicalModel, config: ConvNetConfig,
+                   where: str = "") -> CanonicalModel:
+        from glmc.families.convnet.widen import embed_into
+
+        return embed_into(model, config, where)
+
     def export_state_dict(self, model: CanonicalModel, layout: str) -> StateDict:
         if layout != "torchvision":
             return super().export_state_dict(model, layout)

@@ -30,6 +30,7 @@ from glmc.errors import GlmcError
 from glmc.families.transformer.model import CanonicalConfig
 from glmc.model import CanonicalModel
 from glmc.tensors import StateDict
+from glmc.tensors import pad_to as _pad
 
 #: The sizes that may be smaller in B than in A.
 SIZES = ("d_model", "d_mlp", "head_dim", "kv_heads", "group_size")
@@ -64,13 +65,6 @@ def check_narrower(a: CanonicalConfig, b: CanonicalConfig, where: str = "") -> N
     if other:
         raise GlmcError(f"{at}the models differ in {', '.join(other[:3])}: only their widths "
                         "(residual, heads, MLP) may differ")
-
-
-def _pad(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """``x`` in the leading corner of zeros of ``shape``."""
-    out = x.new_zeros(shape)
-    out[tuple(slice(0, n) for n in x.shape)] = x
-    return out
 
 
 def _heads(x: torch.Tensor, b: CanonicalConfig, a: CanonicalConfig, query: bool) -> torch.Tensor:
