@@ -48,6 +48,8 @@ def measure(models: list[Path], data: str, method: str, max_batches: int | None)
     r = many_barrier(models, data, method=method, max_batches=max_batches,
                      options=AlignOptions(seed=0))
     out = r.to_json()
+    if out["frame"].get("learned"):  # (the steps' log: every λ drawn; kept out of the record)
+        out["frame"]["learned"].pop("log", None)
     out["seconds"] = round(time.perf_counter() - t0, 1)
     out["merged_minus_mean"] = r.merged["loss"] - r.mean_loss
     out["worst_pair_ratio"] = max((p["ratio"] for p in r.pairs if p["ratio"] is not None),

@@ -272,7 +272,7 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
     the star alignment) or ``"star"`` (each aligned to the first). ``method``:
     ``"weight"`` or ``"weight-perm"`` (the residual stream permuted), or ``"learned"`` /
     ``"learned-perm"`` (with ``data=``): the frame refined by learned matching over the
-    simplex, λ ~ Dirichlet(α) at each step (``dirichlet_alpha=``, default 0.1). With two
+    simplex, λ ~ Dirichlet(α) at each step (``dirichlet_alpha=``, default 3). With two
     models, ``star`` is :func:`merge` with ``method``. ``correction="reset"`` or
     ``"repair"`` (with ``data=``) corrects the merged model's statistics: its own BatchNorm
     statistics, or REPAIR toward the weighted models' (see :mod:`glmc.correction`).

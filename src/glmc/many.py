@@ -126,6 +126,7 @@ def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
     return ManyReport(names, str(data) if isinstance(data, (str, Path)) else ds.name, split,
                       ev.count, canon[0].task.targets, endpoints, merged, weighted,
                       list(weights) if weights is not None else None, pairs,
-                      joint.frame.to_json() | {"cycle_error_pairwise":
-                                               joint.settings["cycle_error_pairwise"]},
+                      joint.frame.to_json() | {
+                          "cycle_error_pairwise": joint.settings["cycle_error_pairwise"],
+                          "learned": joint.settings.get("learned")},
                       time.perf_counter() - t0)

@@ -100,7 +100,8 @@ def add_learned_options(p: argparse.ArgumentParser, many: bool = False) -> None:
     if many:
         g.add_argument("--dirichlet-alpha", type=float, default=d.dirichlet_alpha,
                        help="three models or more: λ ~ Dirichlet(α, ..., α) on the simplex "
-                       "at each step (default: %(default)s, the paper's)")
+                       "at each step (default: %(default)s, chosen on validation sets; the "
+                       "paper's: 0.1)")
     g.add_argument("--eval-every", type=int, default=d.eval_every,
                    help="validate at the fixed λ = 0.5 every this many steps")
     g.add_argument("--patience", type=int, default=d.patience,
