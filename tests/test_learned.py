@@ -397,3 +397,37 @@ def test_dirichlet_draws_are_seeded_and_spread_over_the_simplex():
     # α = 0.1 puts most draws near a vertex or an edge, and every model gets its turn.
     assert float((top > 0.9).double().mean()) > 0.5
     assert {max(range(3), key=x.__getitem__) for x in xs} == {0, 1, 2}
+
+
+def test_refinement_of_three_models_resumes_to_the_same_latents(planted, data, tmp_path):
+    """Killed at step 12 and resumed from its checkpoint, the refinement of three models ends
+    where the uninterrupted run does (λ draws, data order and every model's latents); a
+    checkpoint of a pair's run is refused."""
+    from glmc.errors import GlmcError
+    from glmc.matching.learned import learned_many
+
+    a, b, wm = planted
+    c = a.transformed(Transform.random(a.spec, torch.Generator().manual_seed(7), torch.float32,
+                                       subgroups={"residual": "fix_ones"}))
+    start = [Transform.identity(a.spec), wm, weight_matching(a, c).transform]
+    ckpt = tmp_path / "latents.pt"
+    base = dict(steps=20, eval_every=5, checkpoint=str(ckpt), checkpoint_every=5)
+    straight = learned_many([a, b, c], data, start, LearnedMatchingOptions(**base))
+    ckpt.unlink()
+
+    def killer(step, loss, val):
+        if step == 12:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        learned_many([a, b, c], data, start, LearnedMatchingOptions(**base), progress=killer)
+    resumed = learned_many([a, b, c], data, start, LearnedMatchingOptions(**base, resume=True))
+    for t0, t1 in zip(straight.transforms, resumed.transforms, strict=True):
+        for s, e in t0.elements.items():
+            assert torch.equal(e.matrix(torch.float64), t1.elements[s].matrix(torch.float64)), s
+    assert straight.best_val == resumed.best_val
+    assert [r["lambda"] for r in straight.log] == [r["lambda"] for r in resumed.log]
+    learned_matching(a, b, data, wm, LearnedMatchingOptions(steps=4, checkpoint=str(ckpt)))
+    with pytest.raises(GlmcError, match="other options"):
+        learned_many([a, b, c], data, start, LearnedMatchingOptions(
+            steps=4, checkpoint=str(ckpt), resume=True))

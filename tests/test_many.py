@@ -152,6 +152,7 @@ def test_learned_refinement_of_three_models_is_in_the_merge_and_its_report(bert_
     assert learned["steps"] == 8 and learned["alpha"] == 0.5 and len(learned["eval_points"]) == 4
     assert learned["best_val"] <= learned["start_val"]
     assert set(learned["distance_from_init"]) == {"model 2", "model 3"}
+    assert not (tmp_path / ".merged.learned.pt").exists()  # (a finished run's checkpoint)
 
 
 def test_barrier_of_three_models_reports_the_merge_and_every_pair(bert_set, capsys):

@@ -142,6 +142,7 @@ def _run_many(args: argparse.Namespace) -> int:
                          method=args.align, max_rounds=args.rounds, options=options)
     report = out.save(args.out, force=args.force, stock=not args.no_stock,
                       report={"models": [str(m) for m in args.models]}, started=t0)
+    drop_checkpoint(args)
     print_warnings(report.get("warnings", []))
     if args.json:
         emit_json(report)
