@@ -127,6 +127,8 @@ def test_merge_of_three_models_writes_the_stock_class_with_its_frame(bert_set, t
     (["--weights", "0.5,0.5"], "give 3 weights >= 0 that sum to 1"),
     (["--align", "learned"], "reads training data: give --data"),
     (["--align", "activation"], "not --align activation"),
+    (["--align", "learned", "--data", "shakespeare", "--dirichlet-alpha", "0"],
+     "Dirichlet α must be positive"),
     (["--weights", "a,b,c"], "give numbers separated by commas"),
 ])
 def test_bad_many_model_merges_are_one_line_errors(bert_set, tmp_path, capsys, extra, message):
@@ -170,3 +172,33 @@ def test_barrier_of_three_models_reports_the_merge_and_every_pair(bert_set, caps
     assert star_pair["barrier_joint"] == pytest.approx(star_pair["barrier_pairwise"], rel=1e-6)
     assert r["endpoints_mean_loss"] == pytest.approx(
         sum(e["loss"] for e in r["endpoints"]) / 3)
+
+
+def test_barrier_of_three_models_refined_by_learned_matching(bert_set, capsys):
+    """The joint frame refined over the simplex, beside each pair aligned alone by learned
+    matching (a few steps: the plumbing, not the quality)."""
+    import json
+
+    from glmc.cli.main import main
+
+    assert main(["barrier", *bert_set, "--data", "shakespeare", "--max-batches", "1",
+                 "--points", "3", "--align", "learned", "--steps", "4", "--eval-every", "2",
+                 "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["frame"]["method"] == "mergemany+learned" and r["frame"]["learned"]["steps"] == 4
+    assert len(r["pairs"]) == 3 and all(p["barrier_pairwise"] is not None for p in r["pairs"])
+
+
+@pytest.mark.parametrize(("extra", "env", "message"), [
+    (["--weights", "a,b,c"], {}, "give numbers separated by commas"),
+    ([], {"WORLD_SIZE": "2"}, "run without torchrun"),
+])
+def test_bad_many_model_barriers_are_one_line_errors(bert_set, capsys, monkeypatch, extra, env,
+                                                     message):
+    from glmc.cli.main import main
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(["barrier", *bert_set, "--data", "shakespeare", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

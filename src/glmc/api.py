@@ -273,9 +273,10 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
     ``"weight"`` or ``"weight-perm"`` (the residual stream permuted), or ``"learned"`` /
     ``"learned-perm"`` (with ``data=``): the frame refined by learned matching over the
     simplex, λ ~ Dirichlet(α) at each step (``dirichlet_alpha=``, default 3). With two
-    models, ``star`` is :func:`merge` with ``method``. ``correction="reset"`` or
-    ``"repair"`` (with ``data=``) corrects the merged model's statistics: its own BatchNorm
-    statistics, or REPAIR toward the weighted models' (see :mod:`glmc.correction`).
+    models, ``star`` and a weight method are :func:`merge` with that method.
+    ``correction="reset"`` or ``"repair"`` (with ``data=``) corrects the merged model's
+    statistics: its own BatchNorm statistics, or REPAIR toward the weighted models' (see
+    :mod:`glmc.correction`).
 
     Example::
 
@@ -313,7 +314,7 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
     learned = None
     if learn is not None:
         learned = learned_many(canon, learn, found.transforms, opts.learned_matching(),
-                               fix_ones=all(centred_pair(canon[0], x) for x in canon[1:]),
+                               fix_ones=[centred_pair(canon[0], x) for x in canon[1:]],
                                progress=opts.learned_progress, inner=wm.inner)
         found = Frame(f"{found.method}+learned", learned.transforms, found.rounds,
                       found.converged)

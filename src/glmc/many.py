@@ -101,8 +101,13 @@ def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
     lambdas = lambda_grid(points)
     options = options or AlignOptions()
     pair_method = get_method(method)
-    if pair_method.data and options.data is None:  # (learned: on the train split of data)
-        options = replace(options, data=ds)
+    if pair_method.data and not isinstance(options.data, Dataset):
+        options = replace(options, data=ds)  # (learned: the train split of the data read)
+    # Each pair alone as the joint frame matches it: no token masks, nothing handed over, no
+    # checkpoint of the joint run read or written.
+    alone_options = replace(options, token_counts=None, hand_over=False,
+                            learned=replace(options.learned_matching(), checkpoint=None,
+                                            resume=False))
 
     joint = merge_many(canon, frame=frame, method=method, max_rounds=max_rounds,
                        options=options)
@@ -116,7 +121,7 @@ def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
     for i in range(len(canon)):
         for j in range(i + 1, len(canon)):
             in_frame = ev.evaluate_along(LinePath(moved[i], moved[j]), lambdas)
-            own = pair_method(canon[i], canon[j], options).aligned
+            own = pair_method(canon[i], canon[j], alone_options).aligned
             alone = ev.evaluate_along(LinePath(canon[i], own), lambdas)
             b_joint = barrier(lambdas, [r.loss for r in in_frame])
             b_pair = barrier(lambdas, [r.loss for r in alone])

@@ -97,9 +97,10 @@ def release_memory() -> None:
 
 
 @contextmanager
-def alignment_progress(args: argparse.Namespace) -> Iterator[dict]:
+def alignment_progress(args: argparse.Namespace, many: bool = False) -> Iterator[dict]:
     """Progress bars of weight and learned matching on stderr (none under --json, off a
-    terminal, or on a rank other than the first): the callbacks AlignOptions takes."""
+    terminal, or on a rank other than the first): the callbacks AlignOptions takes.
+    ``many``: N models, whose weight matchings show no bar (only the refinement's)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -116,7 +117,7 @@ def alignment_progress(args: argparse.Namespace) -> Iterator[dict]:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True, disable=quiet) as bar:
-        wm = bar.add_task("weight matching", total=args.iters)
+        wm = bar.add_task("weight matching", total=args.iters, visible=not many)
         lm = bar.add_task("learned matching", total=args.steps, visible=False)
         state = {"barrier": "?"}
 
@@ -128,7 +129,8 @@ def alignment_progress(args: argparse.Namespace) -> Iterator[dict]:
                 state["barrier"] = f"{barrier:.4f}"
             bar.update(lm, completed=step, visible=True,
                        description=f"learned matching: loss {loss:.4f}, "
-                       f"midpoint barrier {state['barrier']}")
+                       f"{'barrier estimate' if many else 'midpoint barrier'} "
+                       f"{state['barrier']}")
 
         yield {"progress": progress, "learned_progress": learned_progress}
 

@@ -168,8 +168,6 @@ def check(args: argparse.Namespace) -> None:
                             "method: give at most one --align, and no --plot")
         args.methods, args.align = methods, methods[0]
         check_many_method(args)
-        args.weight_list = (None if args.weights is None
-                            else [float(x) for x in args.weights.split(",")])
     elif args.weights is not None:
         raise GlmcError("--weights is for three models or more")
     for name in dict.fromkeys(args.methods or DEFAULT_METHODS):

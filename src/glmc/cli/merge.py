@@ -31,7 +31,7 @@ from glmc.cli.options import (
     check_many_method,
 )
 from glmc.errors import GlmcError
-from glmc.matching.options import FRAMES, simplex_weights
+from glmc.matching.options import FRAMES
 from glmc.methods import METHODS
 
 
@@ -57,10 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="three models or more: their weights, >= 0 and summing to 1 "
                    "(default: uniform)")
     p.add_argument("--frame", choices=FRAMES, default="mergemany",
-                   help="three models or more: how they are brought into one frame "
-                   "(default: mergemany)")
+                   help="three models or more: how they are brought into one frame")
     p.add_argument("--rounds", type=int, default=10,
-                   help="three models or more: MergeMany's most rounds (default: 10)")
+                   help="three models or more: MergeMany's most rounds")
     p.add_argument("--align", choices=tuple(METHODS), default="weight",
                    help="how to align B to A before averaging. none: no alignment, the "
                    "paper's vanilla average of the stock weights as loaded (Hugging Face "
@@ -104,15 +103,6 @@ def check_many(args: argparse.Namespace) -> None:
     from glmc.io.outputs import check_output, model_bytes, stored_params
 
     check_many_method(args)
-    if args.weights is not None:
-        try:
-            args.weight_list = [float(x) for x in args.weights.split(",")]
-        except ValueError:
-            raise GlmcError(f"--weights {args.weights!r}: give numbers separated by commas, "
-                            "e.g. 0.5,0.25,0.25") from None
-        simplex_weights(args.weight_list, len(args.models), "--weights")
-    else:
-        args.weight_list = None
     check_at_least(args, iters=1, rounds=1)
     check_output(args.out, model_bytes(stored_params(args.models[0])), force=args.force,
                  inputs=tuple(args.models))
@@ -135,7 +125,7 @@ def _run_many(args: argparse.Namespace) -> int:
     models = [load_model(m, allow_pickle=args.allow_pickle) for m in args.models]
     for m in models:
         m.stock_state = None  # (merged in canonical form)
-    with alignment_progress(args) as callbacks:
+    with alignment_progress(args, many=True) as callbacks:
         options = alignment_options(args, getattr(models[0].canonical.config, "vocab_size",
                                                   None), **callbacks)
         out = merge_many(models, weights=args.weight_list, frame=args.frame,
@@ -157,6 +147,11 @@ def _run_many(args: argparse.Namespace) -> int:
     if cycle:
         print(f"pairwise weight matching vs the frame: cycle-consistency error "
               f"{cycle['mean']:.3g} (mean), {cycle['max']:.3g} (max)")
+    learned = out.settings.get("learned")
+    if learned:
+        print(f"learned refinement: {learned['steps']} steps, validation barrier estimate "
+              f"{learned['start_barrier_estimate']:.4f} -> {learned['barrier_estimate']:.4f} "
+              f"(best step {learned['best_step']})")
     print_notes(report)
     return 0
 

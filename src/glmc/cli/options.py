@@ -96,14 +96,16 @@ def add_learned_options(p: argparse.ArgumentParser, many: bool = False) -> None:
     g.add_argument("--train-batch-size", type=int, default=d.batch_size,
                    help="global batch (split over the ranks under torchrun)")
     g.add_argument("--lam", default=d.lam,
-                   help="λ distribution: uniform:LO,HI or gaussian:MEAN,STD")
+                   help="λ distribution: uniform:LO,HI or gaussian:MEAN,STD"
+                   + (" (two models; N models draw λ from a Dirichlet)" if many else ""))
     if many:
         g.add_argument("--dirichlet-alpha", type=float, default=d.dirichlet_alpha,
                        help="three models or more: λ ~ Dirichlet(α, ..., α) on the simplex "
                        "at each step (default: %(default)s, chosen on validation sets; the "
                        "paper's: 0.1)")
     g.add_argument("--eval-every", type=int, default=d.eval_every,
-                   help="validate at the fixed λ = 0.5 every this many steps")
+                   help="validate every this many steps: at the fixed λ = 0.5"
+                   + ("; N models at the centroid and every pair's midpoint" if many else ""))
     g.add_argument("--patience", type=int, default=d.patience,
                    help="stop after this many validations without improvement (0: never)")
     g.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
@@ -154,9 +156,11 @@ def alignment_options(args: argparse.Namespace, vocab_size: int | None = None, *
 
 
 def check_many_method(args: argparse.Namespace) -> None:
-    """Three models or more: a method for N models (weight matching, then learned), with
-    its data."""
-    from glmc.matching.options import MANY_METHODS
+    """Three models or more: a method for N models (weight matching, then learned) with its
+    data and options, one process, and ``--weights`` parsed into ``args.weight_list``."""
+    import os
+
+    from glmc.matching.options import MANY_METHODS, simplex_weights
 
     n = len(args.models)
     if args.align not in MANY_METHODS:
@@ -165,3 +169,14 @@ def check_many_method(args: argparse.Namespace) -> None:
                         f"{args.align}")
     if args.align.startswith("learned") and not args.data:
         raise GlmcError(f"--align {args.align} reads training data: give --data")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise GlmcError(f"{n} models are aligned in one process: run without torchrun")
+    learned_options(args, getattr(args, "out", None))
+    args.weight_list = None
+    if args.weights is not None:
+        try:
+            args.weight_list = [float(x) for x in args.weights.split(",")]
+        except ValueError:
+            raise GlmcError(f"--weights {args.weights!r}: give numbers separated by commas, "
+                            "e.g. 0.5,0.25,0.25") from None
+        simplex_weights(args.weight_list, n, "--weights")

@@ -16,6 +16,7 @@ global batch and the latents' gradients are averaged with an all-reduce.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -49,14 +50,14 @@ from glmc.tensors import StateDict
 class LearnedResult:
     transform: Transform
     log: list[dict] = field(default_factory=list)
-    start_val: float = math.nan  # validation loss of the start, at the eval λs
+    start_val: float = math.nan  # validation loss of the start, at the eval points
     best_val: float = math.inf
     best_step: int = 0  # 0: the start was never beaten
     steps: int = 0
     seconds: float = 0.0
     distance: dict = field(default_factory=dict)  # from the start (weight matching)
-    #: Validation loss on the straight line between the endpoints at the eval λs: the
-    #: midpoint barrier estimate is best_val minus this.
+    #: Validation loss at the eval points of the endpoints' losses interpolated linearly:
+    #: the barrier estimate (at the midpoint, for a pair) is best_val minus this.
     baseline_val: float = math.nan
 
     def to_json(self) -> dict:
@@ -183,8 +184,9 @@ class LatentSet(torch.nn.Module):
 
     def restore(self, snap: dict, where: str = "") -> None:
         if len(snap.get("members", ())) != len(self.members):
-            raise GlmcError(f"{where}: latents of {len(snap.get('members', ()))} models, these "
-                            f"are {len(self.members) + 1} (a checkpoint of other models?)")
+            raise GlmcError(f"{where}: latents of {len(snap.get('members', ()))} models after "
+                            f"the first, these models have {len(self.members)} (a checkpoint "
+                            "of other models?)")
         for m, s in zip(self.members, snap["members"], strict=True):
             m.restore(s, where)
 
@@ -205,7 +207,6 @@ class PathModel:
                  latents: Latents | Sequence[Latents],
                  dtype: torch.dtype = torch.float32) -> None:
         others = [b] if isinstance(b, CanonicalModel) else list(b)
-        self.latents = latents  # (a pair's own Latents, as it was given)
         self.members = [latents] if isinstance(latents, Latents) else list(latents)
         if len(self.members) != len(others):
             raise ValueError(f"{len(others)} models after the first, {len(self.members)} "
@@ -219,7 +220,7 @@ class PathModel:
     @staticmethod
     def weights(lam: float | Sequence[float]) -> tuple[float, ...]:
         """The models' weights at ``lam`` (a pair's λ: (λ, 1 − λ))."""
-        return (lam, 1 - lam) if isinstance(lam, (int, float)) else tuple(lam)
+        return (lam, 1 - lam) if isinstance(lam, numbers.Real) else tuple(lam)
 
     def state(self, lam: float | Sequence[float]) -> StateDict:
         w = self.weights(lam)
@@ -308,11 +309,12 @@ class _Run:
     bad: int = 0
     #: What else defines the run (inner maps, fixed all-ones direction): a resume must match.
     setup: dict = field(default_factory=dict)
-    #: Where the path is validated, and the draw of the training points (see PathModel).
-    points: tuple = (0.5,)
+    #: Where the path is validated, the draw of each step's point (a pair's λ or N models'
+    #: weights, see PathModel) and the models' own points (a pair: λ = 1 is A, 0 is B), for
+    #: the baseline; set by :meth:`start`.
+    points: tuple = ()
     sample: Callable[[torch.Generator], float | tuple[float, ...]] | None = None
-    #: The models' own points (a pair: λ = 1 is A, 0 is B), for the baseline.
-    vertices: tuple = (1.0, 0.0)
+    vertices: tuple = ()
 
     @classmethod
     def start(cls, latents: Latents | LatentSet, result: LearnedResult,
@@ -322,6 +324,7 @@ class _Run:
         optim = _optimiser(latents, opts)
         where.setdefault("points", opts.eval_lambdas)
         where.setdefault("sample", _lambda_sampler(opts.lam))
+        where.setdefault("vertices", (1.0, 0.0))
         return cls(latents, optim, torch.optim.lr_scheduler.LambdaLR(optim, _schedule(opts)),
                    torch.Generator().manual_seed(opts.seed),
                    torch.Generator().manual_seed(opts.seed + 1), latents.snapshot(),
@@ -464,7 +467,7 @@ def learned_many(
     data,
     init: Sequence[Transform],
     opts: LearnedMatchingOptions | None = None,
-    fix_ones: bool = True,
+    fix_ones: bool | Sequence[bool] = True,
     progress=None,
     inner: str | None = None,
 ) -> LearnedManyResult:
@@ -473,9 +476,9 @@ def learned_many(
     θ(λ) = Σ_i λ_i·π_i(θ_i), with λ ~ Dirichlet(α, ..., α) at each step
     (``opts.dirichlet_alpha``). Models 2..N train their own latents, as in
     :func:`learned_matching` against the first; validation is at :func:`simplex_points`,
-    and the start is the best so far. ``inner``, ``fix_ones`` and ``progress`` as for
-    :func:`learned_matching` (``opts.lam`` and ``opts.eval_lambdas`` are the pair's and are
-    not read)."""
+    and the start is the best so far. ``inner`` and ``progress`` as for
+    :func:`learned_matching`; ``fix_ones``: for all models after the first, or one each
+    (``opts.lam`` and ``opts.eval_lambdas`` are the pair's and are not read)."""
     opts = opts or LearnedMatchingOptions()
     inner = inner or default_inner(opts.residual)
     _check(opts)
@@ -484,15 +487,16 @@ def learned_many(
         raise GlmcError(f"learned refinement needs 2 or more models and one transform each, "
                         f"got {n} models and {len(init)} transforms")
     alpha = opts.dirichlet_alpha
-    latents = LatentSet([Latents(models[0], m, t, opts.residual, inner, fix_ones)
-                         for m, t in zip(models[1:], init[1:], strict=True)])
+    fix = [fix_ones] * (n - 1) if isinstance(fix_ones, bool) else list(fix_ones)
+    latents = LatentSet([Latents(models[0], m, t, opts.residual, inner, f)
+                         for m, t, f in zip(models[1:], init[1:], fix, strict=True)])
     path = PathModel(models[0], models[1:], list(latents.members), getattr(torch, opts.dtype))
     points = simplex_points(n)
     vertices = tuple(tuple(float(k == i) for k in range(n)) for i in range(n))
     result = _fit(models[0], path, latents,
                   LearnedManyResult(transform=init[0], points=[list(p) for p in points],
                                     alpha=alpha),
-                  data, opts, {"inner": inner, "fix_ones": fix_ones, "models": n,
+                  data, opts, {"inner": inner, "fix_ones": fix, "models": n,
                                "alpha": alpha}, progress,
                   points=points, sample=_dirichlet(alpha, n), vertices=vertices)
     result.transforms = [init[0], *latents.transforms()]
@@ -577,7 +581,7 @@ def _train(run: _Run, path: PathModel, batches: Iterator, val_batches: list,
                 break
 
 
-def _train_step(run: _Run, path: PathModel, batch: tuple, lam: float,
+def _train_step(run: _Run, path: PathModel, batch: tuple, lam: float | tuple[float, ...],
                 opts: LearnedMatchingOptions, pool: ThreadPoolExecutor,
                 ckpt: Path | None) -> dict:
     """One optimiser step on this rank's shard of ``batch`` at ``lam``."""
@@ -622,8 +626,8 @@ def _validate(run: _Run, path: PathModel, batches: list, opts: LearnedMatchingOp
 def _comparable(opts: LearnedMatchingOptions) -> dict:
     """Options that must match for a resumed run to continue the same run."""
     d = asdict(replace(opts))
-    for k in ("checkpoint", "checkpoint_every", "resume"):
-        d.pop(k)
+    for k in ("checkpoint", "checkpoint_every", "resume", "dirichlet_alpha"):
+        d.pop(k)  # (α: N models' runs keep it in their setup; a pair never reads it)
     d["eval_lambdas"] = list(d["eval_lambdas"])
     return d
 

@@ -29,8 +29,7 @@ import torch
 from glmc.errors import GlmcError
 from glmc.families.transformer.model import CanonicalConfig
 from glmc.model import CanonicalModel
-from glmc.tensors import StateDict
-from glmc.tensors import pad_to as _pad
+from glmc.tensors import StateDict, pad_to
 
 #: The sizes that may be smaller in B than in A.
 SIZES = ("d_model", "d_mlp", "head_dim", "kv_heads", "group_size")
@@ -74,7 +73,7 @@ def _heads(x: torch.Tensor, b: CanonicalConfig, a: CanonicalConfig, query: bool)
     groups_a, per_a = a.kv_heads, (a.group_size if query else 1)
     rest = x.shape[1:]
     h = x.reshape(groups_b, per_b, b.head_dim, *rest)
-    return _pad(h, (groups_a, per_a, a.head_dim, *rest)).reshape(
+    return pad_to(h, (groups_a, per_a, a.head_dim, *rest)).reshape(
         groups_a * per_a * a.head_dim, *rest)
 
 
@@ -92,32 +91,32 @@ def embed_into(model: CanonicalModel, a: CanonicalConfig, where: str = "") -> Ca
             shape = (d, *x.shape[1:]) if name in ("embed.patch.weight", "embed.patch.bias",
                                                   "embed.cls", "norm_f.bias") else (
                 x.shape[0], d)
-            out[name] = _pad(x * c, shape)
+            out[name] = pad_to(x * c, shape)
         elif name == "head.weight":
-            out[name] = _pad(x / c, (x.shape[0], d))
+            out[name] = pad_to(x / c, (x.shape[0], d))
         elif name == "head.bias":
             out[name] = x
     for i in range(b.n_layer):
         p, m = f"blocks.{i}.attn", f"blocks.{i}.mlp"
         for n, query in (("q", True), ("k", False), ("v", False)):
             scale = q_scale / c if n == "q" else 1 / c
-            out[f"{p}.{n}.weight"] = _pad(_heads(s[f"{p}.{n}.weight"] * scale, b, a, query),
+            out[f"{p}.{n}.weight"] = pad_to(_heads(s[f"{p}.{n}.weight"] * scale, b, a, query),
                                           (_heads_rows(a, query), d))
             if f"{p}.{n}.bias" in s:
                 bias = s[f"{p}.{n}.bias"] * (q_scale if n == "q" else 1.0)
                 out[f"{p}.{n}.bias"] = _heads(bias, b, a, query)
         o = s[f"{p}.o.weight"] * c  # (d_B, H_B·dh_B): columns laid out as the query heads
-        out[f"{p}.o.weight"] = _pad(_heads(o.T, b, a, query=True).T, (d, _heads_rows(a, True)))
+        out[f"{p}.o.weight"] = pad_to(_heads(o.T, b, a, query=True).T, (d, _heads_rows(a, True)))
         if f"{p}.o.bias" in s:
-            out[f"{p}.o.bias"] = _pad(s[f"{p}.o.bias"] * c, (d,))
+            out[f"{p}.o.bias"] = pad_to(s[f"{p}.o.bias"] * c, (d,))
         for n in ("fc", "gate"):
             if f"{m}.{n}.weight" in s:
-                out[f"{m}.{n}.weight"] = _pad(s[f"{m}.{n}.weight"] / c, (a.d_mlp, d))
+                out[f"{m}.{n}.weight"] = pad_to(s[f"{m}.{n}.weight"] / c, (a.d_mlp, d))
                 if f"{m}.{n}.bias" in s:
-                    out[f"{m}.{n}.bias"] = _pad(s[f"{m}.{n}.bias"], (a.d_mlp,))
-        out[f"{m}.proj.weight"] = _pad(s[f"{m}.proj.weight"] * c, (d, a.d_mlp))
+                    out[f"{m}.{n}.bias"] = pad_to(s[f"{m}.{n}.bias"], (a.d_mlp,))
+        out[f"{m}.proj.weight"] = pad_to(s[f"{m}.proj.weight"] * c, (d, a.d_mlp))
         if f"{m}.proj.bias" in s:
-            out[f"{m}.proj.bias"] = _pad(s[f"{m}.proj.bias"] * c, (d,))
+            out[f"{m}.proj.bias"] = pad_to(s[f"{m}.proj.bias"] * c, (d,))
     missing = sorted(set(s) - set(out))
     if missing:  # (a tensor this embedding does not know: refuse rather than drop it)
         raise GlmcError(f"{where or 'B'}: no embedding into a wider model for {missing[0]}")
