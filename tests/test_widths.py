@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import images, random_model
 
 from glmc.errors import GlmcError
 from glmc.families.transformer.widen import embed_into
@@ -108,20 +109,10 @@ def test_models_that_differ_beyond_widths_are_refused_naming_the_field(h):
 def convnet(arch: str, seed: int, **kw):
     """A random convnet of glmc's canonical form in float64 (BatchNorm statistics random
     too, so that the padding's are tested)."""
-    import glmc.families
     from glmc.families.convnet import ConvNetConfig
-    from glmc.model import CanonicalModel
 
-    shape = dict(image_size=8, num_channels=1, num_labels=5) | kw
-    cfg = ConvNetConfig(arch=arch, **shape)
-    g = torch.Generator().manual_seed(seed)
-    state = {}
-    for k, v in glmc.families.family_of(cfg).build(cfg).state_dict().items():
-        if k.endswith("num_batches_tracked"):
-            continue
-        x = torch.randn(v.shape, generator=g, dtype=F64) * 0.5
-        state[k] = x.abs() + 0.5 if k.endswith("running_var") else x
-    return CanonicalModel(cfg, state)
+    return random_model(ConvNetConfig(arch=arch, **(dict(image_size=8, num_channels=1,
+                                                         num_labels=5) | kw)), seed)
 
 
 CONVNETS = {"mlp": (dict(hidden=16), dict(hidden=8)),
@@ -146,8 +137,7 @@ def test_a_narrower_convnet_embedded_computes_its_function(key):
     a, b = _convnet_pair(key)
     wide = fitted(a, b)
     assert {k: v.shape for k, v in wide.state.items()} == {k: v.shape for k, v in a.state.items()}
-    x = torch.randn(3, 1, a.config.image_size, a.config.image_size,
-                    generator=torch.Generator().manual_seed(2), dtype=F64)
+    x = images(a.config)
     with torch.no_grad():
         want = b.module(F64).eval()(x)
         got = wide.module(F64).eval()(x)
