@@ -2,8 +2,10 @@
 
 Trains N MLPs of Git Re-Basin's shape (3 hidden layers of 512, no norm) on MNIST 5k from seeds
 0..N-1 (cached under ``--cache``), then merges them with uniform weights: averaged as they are
-(no alignment), after the star alignment (each to the first) and after MergeMany (each in turn
-to the mean of the others), timing each alignment. Prints a table and writes JSON.
+(no alignment), after the star alignment (each to the first), after MergeMany (each in turn
+to the mean of the others) and after universe matching (every map at once, Frank-Wolfe),
+timing each alignment and recording the cycle error of the pairs' own matchings against
+each frame. Prints a table and writes JSON.
 
     python benchmarks/many_models.py                    # N = 8
     python benchmarks/many_models.py --n 4 --steps 300 --out /tmp/many.json
@@ -57,7 +59,7 @@ def main() -> None:
                                                  [1 / len(models)] * len(models)))
     r = evaluate(vanilla, "mnist5k")
     rows.append({"what": "averaged as they are", "loss": r.loss, "accuracy": r.accuracy})
-    for frame in ("star", "mergemany"):
+    for frame in ("star", "mergemany", "universe"):
         t0 = time.perf_counter()
         out = merge_many(models, frame=frame)
         seconds = time.perf_counter() - t0

@@ -13,6 +13,8 @@ the pair's own.
 
     python benchmarks/many_transformers.py                       # both sets, both methods
     python benchmarks/many_transformers.py --sets vit-demo --methods weight
+    python benchmarks/many_transformers.py --screen-edge-fraction 0 0.5 0.9 \
+        --out results/many_transformers_edges.json
 """
 
 from __future__ import annotations
@@ -57,23 +59,49 @@ def measure(models: list[Path], data: str, method: str, max_batches: int | None)
     return out
 
 
-def screen_alpha(models: list[Path], data: str, alphas: list[float]) -> list[dict]:
-    """The Dirichlet α chosen on validation: learned refinement from MergeMany for each α,
-    its validation loss at the centroid and the pairs' midpoints, minus the endpoints' line
-    there (the refinement's own estimate; no test data read)."""
+def _point_barriers(models: list[Path], frame, data: str) -> dict:
+    """Validation barriers of a frame: the centroid's loss minus the models' mean, and each
+    pair's midpoint minus the pair's mean (one evaluation per point, on the val split)."""
+    from glmc.evaluate import evaluate
+    from glmc.io.folders import load_model
+    from glmc.matching.many import weighted_mean
+
+    moved = frame.moved([load_model(m).canonical for m in models])
+    n = len(moved)
+    ends = [evaluate(m, data, "val").loss for m in moved]
+
+    def at(weights):
+        return evaluate(moved[0].with_state(weighted_mean([m.state for m in moved], weights)),
+                        data, "val").loss
+
+    out = {"centroid": at([1 / n] * n) - sum(ends) / n}
+    for i in range(n):
+        for j in range(i + 1, n):
+            w = [0.5 if k in (i, j) else 0.0 for k in range(n)]
+            out[f"{i + 1}-{j + 1}"] = at(w) - (ends[i] + ends[j]) / 2
+    return out
+
+
+def screen(models: list[Path], data: str, settings: list[dict]) -> list[dict]:
+    """Learned refinement from MergeMany for each setting (e.g. the Dirichlet α, the edge
+    fraction), chosen on validation only: the refinement's own estimate (its validation loss
+    at the centroid and the pairs' midpoints minus the endpoints' line there), and each
+    point's validation barrier; no test data read."""
     from glmc.api import merge_many
 
     rows = []
-    for alpha in alphas:
+    for setting in settings:
         t0 = time.perf_counter()
         out = merge_many(models, method="learned", data=data,
-                         options=AlignOptions(seed=0).updated(dirichlet_alpha=alpha))
+                         options=AlignOptions(seed=0).updated(**setting))
         ln = out.settings["learned"]
-        rows.append({"alpha": alpha, "val_barrier_start": ln["start_barrier_estimate"],
+        rows.append({**setting, "val_barrier_start": ln["start_barrier_estimate"],
                      "val_barrier": ln["barrier_estimate"], "best_step": ln["best_step"],
+                     "val_points": _point_barriers(models, out.frame, data),
                      "seconds": round(time.perf_counter() - t0, 1)})
-        print(f"alpha {alpha}: validation barrier {ln['start_barrier_estimate']:.4f} -> "
-              f"{ln['barrier_estimate']:.4f} (best step {ln['best_step']})", flush=True)
+        print(f"{setting}: validation barrier {ln['start_barrier_estimate']:.4f} -> "
+              f"{ln['barrier_estimate']:.4f} (best step {ln['best_step']}); points "
+              f"{ {k: round(v, 3) for k, v in rows[-1]['val_points'].items()} }", flush=True)
     return rows
 
 
@@ -89,6 +117,9 @@ def main() -> None:
     ap.add_argument("--train-only", action="store_true")
     ap.add_argument("--screen-alpha", type=float, nargs="+", default=None, metavar="ALPHA",
                     help="instead: learned refinement for each α, on validation data only")
+    ap.add_argument("--screen-edge-fraction", type=float, nargs="+", default=None,
+                    metavar="F", help="instead: learned refinement for each edge fraction "
+                    "(the default α), on validation data only")
     ap.add_argument("--out", type=Path, default=RESULTS / "many_transformers.json")
     args = ap.parse_args()
     import torch
@@ -100,7 +131,12 @@ def main() -> None:
         if args.train_only:
             continue
         if args.screen_alpha:
-            results[key] = {"screen_alpha": screen_alpha(models, data, args.screen_alpha)}
+            results[key] = {"screen_alpha": screen(
+                models, data, [{"dirichlet_alpha": a} for a in args.screen_alpha])}
+            continue
+        if args.screen_edge_fraction:
+            results[key] = {"screen_edge_fraction": screen(
+                models, data, [{"edge_fraction": f} for f in args.screen_edge_fraction])}
             continue
         results[key] = {}
         for method in args.methods:
@@ -114,8 +150,9 @@ def main() -> None:
                   f"{r['seconds']} s", flush=True)
     if args.train_only:
         return
-    if args.screen_alpha:
-        write_json(args.out, {"benchmark": "many_transformers_alpha", "machine": machine(),
+    if args.screen_alpha or args.screen_edge_fraction:
+        name = "alpha" if args.screen_alpha else "edge_fraction"
+        write_json(args.out, {"benchmark": f"many_transformers_{name}", "machine": machine(),
                               "run": provenance(threads=args.threads), "n": args.n,
                               "results": results})
         print(f"wrote {args.out}")

@@ -387,9 +387,9 @@ def test_refinement_of_a_planted_set_reaches_zero_barrier_from_a_perturbed_start
 
 
 def test_dirichlet_draws_are_seeded_and_spread_over_the_simplex():
-    from glmc.matching.learned import _dirichlet
+    from glmc.matching.learned import _simplex_sampler
 
-    draw = _dirichlet(0.1, 3)
+    draw = _simplex_sampler(0.1, 3)
     g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
     xs = [draw(g1) for _ in range(200)]
     assert xs == [draw(g2) for _ in range(200)]
@@ -397,6 +397,23 @@ def test_dirichlet_draws_are_seeded_and_spread_over_the_simplex():
     # α = 0.1 puts most draws near a vertex or an edge, and every model gets its turn.
     assert float((top > 0.9).double().mean()) > 0.5
     assert {max(range(3), key=x.__getitem__) for x in xs} == {0, 1, 2}
+
+
+def test_edge_draws_fall_on_pairs_at_the_pairs_lambda():
+    """With an edge fraction, about that share of the draws lies on a pair's edge with λ in
+    the pair's range (every pair drawn), the rest inside the simplex; seeded as before."""
+    from glmc.matching.learned import _simplex_sampler
+
+    draw = _simplex_sampler(3.0, 3, 0.5, "uniform:0.4,0.6")
+    g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    xs = [draw(g1) for _ in range(400)]
+    assert xs == [draw(g2) for _ in range(400)]
+    edges = [x for x in xs if 0.0 in x]
+    assert 0.4 < len(edges) / len(xs) < 0.6
+    assert all(sorted(x)[0] == 0.0 and 0.4 <= max(x) <= 0.6 and abs(sum(x) - 1) < 1e-12
+               for x in edges)
+    assert {tuple(k for k in range(3) if x[k] > 0) for x in edges} == {(0, 1), (0, 2), (1, 2)}
+    assert all(min(x) > 0 for x in xs if x not in edges)
 
 
 def test_refinement_of_three_models_resumes_to_the_same_latents(planted, data, tmp_path):

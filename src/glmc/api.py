@@ -33,8 +33,9 @@ from glmc.io.folders import (
     read_state_file,
 )
 from glmc.io.token_counts import read_token_counts
+from glmc.matching.frames import find_frame
 from glmc.matching.learned import learned_many
-from glmc.matching.many import Frame, cycle_error, find_frame, weighted_mean
+from glmc.matching.many import Frame, cycle_error, weighted_mean
 from glmc.matching.options import FRAMES, MANY_METHODS, simplex_weights
 from glmc.matching.weight import centred_pair, weight_matching
 from glmc.methods import Alignment, AlignOptions, get_method, statistics_batches
@@ -269,7 +270,9 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
     averaged with ``weights`` (uniform by default; they must be >= 0 and sum to 1).
 
     ``frame``: ``"mergemany"`` (each model in turn aligned to the mean of the others, from
-    the star alignment) or ``"star"`` (each aligned to the first). ``method``:
+    the star alignment), ``"star"`` (each aligned to the first) or ``"universe"`` (every
+    model's map found at once by Frank-Wolfe, from the star; see
+    :mod:`glmc.matching.universe`). ``method``:
     ``"weight"`` or ``"weight-perm"`` (the residual stream permuted), or ``"learned"`` /
     ``"learned-perm"`` (with ``data=``): the frame refined by learned matching over the
     simplex, λ ~ Dirichlet(α) at each step (``dirichlet_alpha=``, default 3). With two

@@ -57,7 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", default=None, metavar="W1,...,Wn",
                    help="three models or more: weights of a second merged model")
     p.add_argument("--frame", choices=FRAMES, default="mergemany",
-                   help="three models or more: how they are brought into one frame")
+                   help="three models or more: how they are brought into one frame "
+                   "(mergemany: each in turn to the mean of the others; star: each to the "
+                   "first; universe: every map at once, by Frank-Wolfe)")
     p.add_argument("--data", required=True,
                    help=f"dataset name ({', '.join(DATASETS)}) or a text file, a .tsv of "
                    "labelled text (LABEL<TAB>TEXT, for sequence classifiers), .npz or IDX "

@@ -43,11 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "loaded; --align canonical: averaged in canonical coordinates). alpha = 1 is A. "
         "Three models or more are brought into one frame by weight matching (--frame "
         "mergemany: each in turn aligned to the mean of the others; star: each to the "
-        "first), refined by learned matching over "
+        "first; universe: every map at once, by Frank-Wolfe), refined by learned matching over "
         "the simplex with --align learned, and averaged with --weights (uniform by default), "
         "in M1's coordinates.",
         "glmc merge runs/gpt-a runs/gpt-b -o runs/merged --alpha 0.5 --align weight\n"
         "  glmc merge runs/a runs/b runs/c -o runs/merged3 --weights 0.5,0.25,0.25\n"
+        "  glmc merge runs/a runs/b runs/c -o runs/merged3 --frame universe\n"
         "  glmc merge runs/a runs/b runs/c -o runs/merged3 --align learned --data shakespeare")
     p.add_argument("models", nargs="+", metavar="M",
                    help="model folders: A B (alpha = 1 is A), or M1 M2 ... Mn")
@@ -57,7 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="three models or more: their weights, >= 0 and summing to 1 "
                    "(default: uniform)")
     p.add_argument("--frame", choices=FRAMES, default="mergemany",
-                   help="three models or more: how they are brought into one frame")
+                   help="three models or more: how they are brought into one frame "
+                   "(mergemany: each in turn to the mean of the others; star: each to the "
+                   "first; universe: every map at once, by Frank-Wolfe)")
     p.add_argument("--rounds", type=int, default=10,
                    help="three models or more: MergeMany's most rounds")
     p.add_argument("--align", choices=tuple(METHODS), default="weight",

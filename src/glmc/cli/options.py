@@ -97,12 +97,16 @@ def add_learned_options(p: argparse.ArgumentParser, many: bool = False) -> None:
                    help="global batch (split over the ranks under torchrun)")
     g.add_argument("--lam", default=d.lam,
                    help="λ distribution: uniform:LO,HI or gaussian:MEAN,STD"
-                   + (" (two models; N models draw λ from a Dirichlet)" if many else ""))
+                   + (" (two models; N models draw λ from a Dirichlet, and from this on "
+                      "--edge-fraction of the steps)" if many else ""))
     if many:
         g.add_argument("--dirichlet-alpha", type=float, default=d.dirichlet_alpha,
                        help="three models or more: λ ~ Dirichlet(α, ..., α) on the simplex "
                        "at each step (default: %(default)s, chosen on validation sets; the "
                        "paper's: 0.1)")
+        g.add_argument("--edge-fraction", type=float, default=d.edge_fraction,
+                       help="three models or more: the share of steps drawn instead on a "
+                       "random pair's edge, at the pair's λ (--lam)")
     g.add_argument("--eval-every", type=int, default=d.eval_every,
                    help="validate every this many steps: at the fixed λ = 0.5"
                    + ("; N models at the centroid and every pair's midpoint" if many else ""))
@@ -122,7 +126,7 @@ def learned_options(args: argparse.Namespace, out: str | Path | None) -> Learned
         parse_lambda(args.lam)
     except GlmcError as e:
         raise GlmcError(f"--lam: {e}") from None
-    d_alpha = LearnedMatchingOptions.dirichlet_alpha
+    d = LearnedMatchingOptions
     ckpt = None
     if out is not None:
         out = Path(out)
@@ -130,7 +134,8 @@ def learned_options(args: argparse.Namespace, out: str | Path | None) -> Learned
     return LearnedMatchingOptions(
         steps=args.steps, lr=args.lr, perm_lr_scale=args.perm_lr_scale,
         batch_size=args.train_batch_size, lam=args.lam,
-        dirichlet_alpha=getattr(args, "dirichlet_alpha", d_alpha),
+        dirichlet_alpha=getattr(args, "dirichlet_alpha", d.dirichlet_alpha),
+        edge_fraction=getattr(args, "edge_fraction", d.edge_fraction),
         eval_every=args.eval_every, patience=args.patience, seed=args.seed,
         residual=getattr(args, "residual", "orthogonal"), checkpoint=ckpt,
         checkpoint_every=args.checkpoint_every, resume=args.resume)

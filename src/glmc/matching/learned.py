@@ -450,12 +450,21 @@ def simplex_points(n: int) -> tuple[tuple[float, ...], ...]:
     return (centroid, *mids) if n > 2 else (centroid,)
 
 
-def _dirichlet(alpha: float, n: int) -> Callable[[torch.Generator], tuple[float, ...]]:
-    """λ ~ Dirichlet(α, ..., α) over n models, drawn from the run's generator (numpy's
-    sampler seeded from it, so that a resumed run draws the same λs)."""
+def _simplex_sampler(alpha: float, n: int, edge_fraction: float = 0.0, lam: str = "",
+                     ) -> Callable[[torch.Generator], tuple[float, ...]]:
+    """λ over n models, drawn from the run's generator (so that a resumed run draws the same
+    λs): ~ Dirichlet(α, ..., α) (numpy's sampler seeded from the generator); with
+    ``edge_fraction`` > 0, that share of the draws instead on a random pair's edge, λ_i ~ the
+    pair's distribution ``lam`` and λ_j = 1 − λ_i (none drawn when it is 0)."""
     import numpy as np
 
+    pair = _lambda_sampler(lam) if edge_fraction > 0 else None
+
     def draw(g: torch.Generator) -> tuple[float, ...]:
+        if pair is not None and float(torch.rand((), generator=g)) < edge_fraction:
+            i, j = torch.randperm(n, generator=g)[:2].tolist()
+            li = pair(g)
+            return tuple(li if k == i else 1.0 - li if k == j else 0.0 for k in range(n))
         seed = int(torch.randint(2**62, (), generator=g))
         return tuple(float(w) for w in np.random.default_rng(seed).dirichlet([alpha] * n))
 
@@ -474,11 +483,12 @@ def learned_many(
     """Refine N models' frame ``init`` (one transform per model into the first model's
     coordinates, the first the identity: e.g. MergeMany's) against the task loss at
     θ(λ) = Σ_i λ_i·π_i(θ_i), with λ ~ Dirichlet(α, ..., α) at each step
-    (``opts.dirichlet_alpha``). Models 2..N train their own latents, as in
+    (``opts.dirichlet_alpha``), or for ``opts.edge_fraction`` of the steps on a random pair's
+    edge at the pair's λ (``opts.lam``). Models 2..N train their own latents, as in
     :func:`learned_matching` against the first; validation is at :func:`simplex_points`,
     and the start is the best so far. ``inner`` and ``progress`` as for
     :func:`learned_matching`; ``fix_ones``: for all models after the first, or one each
-    (``opts.lam`` and ``opts.eval_lambdas`` are the pair's and are not read)."""
+    (``opts.eval_lambdas`` is the pair's and is not read)."""
     opts = opts or LearnedMatchingOptions()
     inner = inner or default_inner(opts.residual)
     _check(opts)
@@ -497,8 +507,10 @@ def learned_many(
                   LearnedManyResult(transform=init[0], points=[list(p) for p in points],
                                     alpha=alpha),
                   data, opts, {"inner": inner, "fix_ones": fix, "models": n,
-                               "alpha": alpha}, progress,
-                  points=points, sample=_dirichlet(alpha, n), vertices=vertices)
+                               "alpha": alpha, "edge_fraction": opts.edge_fraction}, progress,
+                  points=points, sample=_simplex_sampler(alpha, n, opts.edge_fraction,
+                                                         opts.lam),
+                  vertices=vertices)
     result.transforms = [init[0], *latents.transforms()]
     result.distance = {f"model {i + 1}": distance(t0, t) for i, (t0, t) in
                        enumerate(zip(init, result.transforms, strict=True)) if i}
@@ -626,8 +638,8 @@ def _validate(run: _Run, path: PathModel, batches: list, opts: LearnedMatchingOp
 def _comparable(opts: LearnedMatchingOptions) -> dict:
     """Options that must match for a resumed run to continue the same run."""
     d = asdict(replace(opts))
-    for k in ("checkpoint", "checkpoint_every", "resume", "dirichlet_alpha"):
-        d.pop(k)  # (α: N models' runs keep it in their setup; a pair never reads it)
+    for k in ("checkpoint", "checkpoint_every", "resume", "dirichlet_alpha", "edge_fraction"):
+        d.pop(k)  # (N models' runs keep these in their setup; a pair never reads them)
     d["eval_lambdas"] = list(d["eval_lambdas"])
     return d
 

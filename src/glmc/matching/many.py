@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from glmc.errors import GlmcError
-from glmc.matching.options import FRAMES, WeightMatchingOptions
+from glmc.matching.options import WeightMatchingOptions
 from glmc.matching.weight import fixes_ones, weight_matching
 from glmc.model import CanonicalModel, check_pair
 from glmc.symmetry.transform import Transform
@@ -44,15 +44,21 @@ class Frame:
     transforms: list[Transform]
     rounds: list[list[float]] = field(default_factory=list)
     converged: bool = True
+    #: Universe matching: the objective after every iteration, over its start's magnitude.
+    trace: list[float] = field(default_factory=list)
 
     def moved(self, models: Sequence[CanonicalModel]) -> list[CanonicalModel]:
         """The models in the frame (each computes its own function)."""
         return [m.transformed(t) for m, t in zip(models, self.transforms, strict=True)]
 
     def to_json(self) -> dict:
-        return {"method": self.method, "rounds": len(self.rounds),
-                "converged": self.converged,
-                "relative_distances": [[round(d, 6) for d in r] for r in self.rounds]}
+        out = {"method": self.method, "rounds": len(self.rounds),
+               "converged": self.converged,
+               "relative_distances": [[round(d, 6) for d in r] for r in self.rounds]}
+        if self.trace:
+            out["iterations"] = len(self.trace)
+            out["objective_trace"] = [round(v, 6) for v in self.trace]
+        return out
 
 
 def weighted_mean(states: Sequence[StateDict], weights: Sequence[float]) -> StateDict:
@@ -66,7 +72,7 @@ def weighted_mean(states: Sequence[StateDict], weights: Sequence[float]) -> Stat
     return out
 
 
-def _options(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | None,
+def frame_options(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | None,
              ) -> WeightMatchingOptions:
     """``opts`` with ``fix_ones`` settled once for the whole set (so that every map keeps
     the all-ones direction where one pair needs it)."""
@@ -76,7 +82,7 @@ def _options(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | Non
     return opts
 
 
-def _check(models: Sequence[CanonicalModel]) -> None:
+def check_models(models: Sequence[CanonicalModel]) -> None:
     if len(models) < 2:
         raise GlmcError(f"a frame needs at least 2 models, got {len(models)}")
     for i, m in enumerate(models[1:], 2):
@@ -86,8 +92,8 @@ def _check(models: Sequence[CanonicalModel]) -> None:
 def star(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | None = None,
          progress: Callable[[int, int], None] | None = None) -> Frame:
     """Every model aligned to the first by weight matching."""
-    _check(models)
-    opts = _options(models, opts)
+    check_models(models)
+    opts = frame_options(models, opts)
     ref = models[0]
     transforms, dists = [Transform.identity(ref.spec)], [0.0]
     for i, m in enumerate(models[1:], 1):
@@ -107,7 +113,7 @@ def merge_many(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | N
     a round changes the sum of the models' distances to their targets by at most ``tol`` of
     it (the models settled), else after ``max_rounds``."""
     frame = star(models, opts)
-    opts = _options(models, opts)
+    opts = frame_options(models, opts)
     spec, n = models[0].spec, len(models)
     transforms = list(frame.transforms)
     moved = frame.moved(models)
@@ -132,17 +138,6 @@ def merge_many(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | N
     back = transforms[0].inverse(spec)
     transforms = [Transform.identity(spec), *(back.compose(t, spec) for t in transforms[1:])]
     return Frame("mergemany", transforms, [frame.rounds[0], *rounds], converged)
-
-
-def find_frame(method: str, models: Sequence[CanonicalModel],
-               opts: WeightMatchingOptions | None = None, max_rounds: int = 10,
-               seed: int = 0, progress: Callable[[int, int], None] | None = None) -> Frame:
-    """The frame of ``models`` by ``method`` (one of FRAMES; ``star`` has no rounds)."""
-    if method not in FRAMES:
-        raise GlmcError(f"unknown frame {method!r} ({', '.join(FRAMES)})")
-    if method == "star":
-        return star(models, opts)
-    return merge_many(models, opts, max_rounds, seed=seed, progress=progress)
 
 
 def cycle_error(models: Sequence[CanonicalModel], maps: dict[tuple[int, int], Transform],

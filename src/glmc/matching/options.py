@@ -102,6 +102,9 @@ class LearnedMatchingOptions:
     #: validation barrier over three-model GPT-2 and ViT sets (0.130 and -0.017; 1: 0.126 and
     #: 0.031; 10: 0.157 and 0.021; the paper's 0.1: 0.204 and 0.269; benchmarks/README.md)
     dirichlet_alpha: float = 3.0
+    #: N models: the share of steps drawn instead on a random pair's edge, λ ~ ``lam`` for one
+    #: of the two and 1 − λ for the other (0: Dirichlet draws alone)
+    edge_fraction: float = 0.0
     eval_every: int = 100
     eval_lambdas: tuple[float, ...] = (0.5,)
     eval_batches: int = 4
@@ -120,6 +123,8 @@ class LearnedMatchingOptions:
             (self.lr > 0, f"learning rate must be positive, got {self.lr}"),
             (0 < self.dirichlet_alpha < float("inf"),
              f"the Dirichlet α must be positive, got {self.dirichlet_alpha}"),
+            (0 <= self.edge_fraction <= 1,
+             f"the edge fraction must be in [0, 1], got {self.edge_fraction}"),
             (self.perm_lr_scale >= 0,
              f"permutation learning-rate scale must be >= 0, got {self.perm_lr_scale}"),
             (self.warmup >= 0, f"warm-up must be at least 0, got {self.warmup}"),
@@ -158,8 +163,9 @@ def parse_lambda(spec: str) -> tuple[str, float, float]:
     return kind, lo, hi
 
 
-#: How N models are brought into one frame (see glmc.matching.many).
-FRAMES: tuple[str, ...] = ("mergemany", "star")
+#: How N models are brought into one frame (see glmc.matching.frames): MergeMany, each to the
+#: first, or universe matching (every map at once, Frank-Wolfe).
+FRAMES: tuple[str, ...] = ("mergemany", "star", "universe")
 #: The methods N models are merged by: weight matching, then learned refinement for the last
 #: two (see glmc.api.merge_many).
 MANY_METHODS: tuple[str, ...] = ("weight", "weight-perm", "learned", "learned-perm")

@@ -1,0 +1,209 @@
+"""Universe matching: every model's map into one frame found at once, by Frank-Wolfe.
+
+The objective is the agreement of every pair in the frame (C2M3's; weight matching's
+weighting of the tensors)::
+
+    F(π_1, ..., π_N) = Σ_{i<j} Σ_t w_t ⟨π_i(θ_i)_t, π_j(θ_j)_t⟩
+
+MergeMany climbs it by block steps: one model at a time, one space at a time. Here every map
+of every model moves together. Each space whose group has a weight-matching step (an
+assignment for permutations, Procrustes for orthogonal maps: both maximise a linear function
+over the group, i.e. over its convex hull) is relaxed to that hull (doubly stochastic matrices;
+the spectral-norm ball) and held as a dense matrix X acting as T does. An iteration takes the
+gradient G of F in every X, the group element S maximising ⟨S, G⟩ (the step of its group:
+the linear oracle), and the best point on every X + γ(S − X), γ on a grid (a line search: F
+never falls); it stops when the Frank-Wolfe gap Σ⟨G, S − X⟩ is at most ``tol`` of F. Each X is
+then rounded to its nearest group element (the same step on X itself).
+
+Spaces without such a step (heads' invertible inner maps, rotary maps) keep their start
+during the descent; once the assignments are rounded, each model's are chosen afresh against
+the mean of the others, as weight matching's own head step would (two passes).
+
+The start is the star alignment (every model to the first), so F starts where the star leaves
+it, or the barycenter: the first model as it is (it anchors the frame), every other model's
+permutations at the centre of their hull (every entry 1/n), its other maps the identity. The
+frame is then moved into the first model's coordinates, as MergeMany's is: maps through it
+compose by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from glmc.errors import GlmcError
+from glmc.matching.many import Frame, check_models, frame_options, star, weighted_mean
+from glmc.matching.options import WeightMatchingOptions
+from glmc.matching.problem import effective_groups, stream_space, tensor_weights
+from glmc.matching.steps import solvable, solve
+from glmc.matching.weight import realign_inner
+from glmc.model import CanonicalModel
+from glmc.symmetry.elements import Element, Matrix
+from glmc.symmetry.groups import GroupedPermutationGroup, PermutationGroup
+from glmc.symmetry.spec import SymmetrySpec
+from glmc.symmetry.transform import Transform, apply_axes
+
+#: The line search's step sizes (γ = 1 is the oracle's vertex itself).
+GAMMAS = (1.0, 0.5, 0.25, 0.125, 1 / 16, 1 / 32, 1 / 64)
+STARTS = ("star", "barycenter")
+
+#: The centre of a group's convex hull, by group type (the barycenter start); other groups
+#: start at the identity.
+CENTRES: dict[type, Callable[[object, torch.dtype], torch.Tensor]] = {
+    PermutationGroup: lambda g, dtype: torch.full((g.n, g.n), 1.0 / g.n, dtype=dtype),
+    GroupedPermutationGroup: lambda g, dtype: torch.block_diag(
+        *[torch.full((g.per_group, g.per_group), 1.0 / g.per_group, dtype=dtype)] * g.groups),
+}
+
+
+def relaxed_spaces(spec: SymmetrySpec, opts: WeightMatchingOptions) -> dict[str, object]:
+    """The spaces the descent relaxes, with the group each is matched in: those whose group
+    has a weight-matching step and keeps norms (permutations, orthogonal maps)."""
+    groups = effective_groups(spec, opts.residual, opts.inner or "invertible",
+                              bool(opts.fix_ones))
+    stream = stream_space(spec)
+    return {s: g for s, g in groups.items()
+            if solvable(g) and g.isometric and not (s == stream and opts.residual == "none")}
+
+
+class Agreement:
+    """F and its pieces for N models: the weighted tensors, the fixed elements, and the
+    relaxed matrices' action."""
+
+    def __init__(self, models: Sequence[CanonicalModel], opts: WeightMatchingOptions):
+        self.spec = models[0].spec.weights_only()
+        w = tensor_weights(self.spec, models[0].state, opts.weighting, None, opts.bias_weight)
+        # (√w_t folded into the tensors: ⟨√w a, √w b⟩ = w⟨a, b⟩)
+        self.states = [{n: m.state[n] * w[n] ** 0.5 for n in self.spec.axes} for m in models]
+
+    def moved(self, i: int, elements: dict[str, Element]) -> dict[str, torch.Tensor]:
+        return {n: apply_axes(x, self.spec.axes[n], elements)
+                for n, x in self.states[i].items()}
+
+    def value(self, elements: list[dict[str, Element]]) -> torch.Tensor:
+        """F = (‖Σ_i A_i‖² − Σ_i ‖A_i‖²) / 2 over every tensor (A_i: model i moved)."""
+        total, own = 0.0, 0.0
+        sums: dict[str, torch.Tensor] = {}
+        for i, el in enumerate(elements):
+            for n, x in self.moved(i, el).items():
+                sums[n] = x if n not in sums else sums[n] + x
+                own = own + x.pow(2).sum()
+        for x in sums.values():
+            total = total + x.pow(2).sum()
+        return (total - own) / 2
+
+
+def _elements(fixed: list[dict[str, Element]], xs: list[dict[str, torch.Tensor]],
+              ) -> list[dict[str, Element]]:
+    return [{**f, **{s: Matrix(x, orthogonal=True) for s, x in x_i.items()}}
+            for f, x_i in zip(fixed, xs, strict=True)]
+
+
+def universe(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | None = None,
+             max_iter: int = 50, tol: float = 1e-5, start: str = "star",
+             progress: Callable[[int, int], None] | None = None) -> Frame:
+    """Universe matching of ``models`` (see the module). ``rounds``: each model's relative
+    distance to the mean of the others at the start and at the end; ``trace``: F relative to
+    the magnitude of its start after every iteration; ``converged``: the gap fell to ``tol``."""
+    check_models(models)
+    if start not in STARTS:
+        raise GlmcError(f"unknown start {start!r} (one of {', '.join(STARTS)})")
+    opts = frame_options(models, opts)
+    spec, n = models[0].spec, len(models)
+    init = (star(models, opts) if start == "star"
+            else Frame("identity", [Transform.identity(spec)] * n))
+    groups = relaxed_spaces(spec, opts)
+    f = Agreement(models, opts)
+    dtype = next(iter(f.states[0].values())).dtype
+    fixed = [{s: e for s, e in t.elements.items() if s not in groups} for t in init.transforms]
+    xs = [{s: (t.elements[s].matrix(dtype) if s in t.elements else torch.eye(g.n, dtype=dtype))
+           for s, g in groups.items()} for t in init.transforms]
+    if start == "barycenter":  # (model 1 anchors the frame; the others start undecided)
+        for x_i in xs[1:]:
+            for s, g in groups.items():
+                if type(g) in CENTRES:
+                    x_i[s] = CENTRES[type(g)](g, dtype)
+    with torch.no_grad():
+        f0 = float(f.value(_elements(fixed, xs)))
+    trace: list[float] = []
+    converged = False
+    for k in range(max_iter):
+        leaves = [{s: x.detach().requires_grad_(True) for s, x in x_i.items()} for x_i in xs]
+        value = f.value(_elements(fixed, leaves))
+        flat = [x for x_i in leaves for x in x_i.values()]
+        grads = iter(torch.autograd.grad(value, flat))
+        current = float(value.detach())
+        dirs, gap = [], 0.0
+        for x_i in xs:
+            d_i = {}
+            for s, x in x_i.items():
+                g = next(grads)
+                vertex = solve(groups[s], g.double(), None, dtype).matrix(dtype)
+                d_i[s] = vertex - x
+                gap += float((g * d_i[s]).sum())
+            dirs.append(d_i)
+        if gap <= tol * max(abs(current), 1e-300):
+            converged = True
+            break
+        best, best_gamma = current, 0.0
+        with torch.no_grad():
+            for gamma in GAMMAS:
+                trial = [{s: x + gamma * d[s] for s, x in x_i.items()}
+                         for x_i, d in zip(xs, dirs, strict=True)]
+                v = float(f.value(_elements(fixed, trial)))
+                if v > best:
+                    best, best_gamma = v, gamma
+        if best_gamma == 0.0:  # (no step on the grid gains: a stationary point for it)
+            converged = True
+            break
+        xs = [{s: x + best_gamma * d[s] for s, x in x_i.items()}
+              for x_i, d in zip(xs, dirs, strict=True)]
+        trace.append(best / abs(f0) if f0 else best)
+        if progress is not None:
+            progress(k + 1, max_iter)
+    transforms = [Transform({**fi, **{s: solve(groups[s], x.double(), None, dtype)
+                                      for s, x in x_i.items()}})
+                  for fi, x_i in zip(fixed, xs, strict=True)]
+    if len(groups) < len(spec.spaces):
+        transforms = _inner_passes(models, transforms, opts)
+    back = transforms[0].inverse(spec)
+    transforms = [Transform.identity(spec), *(back.compose(t, spec) for t in transforms[1:])]
+    frame = Frame("universe", transforms, [], converged)
+    frame.rounds = [spreads(models, init.transforms, opts), spreads(models, transforms, opts)]
+    frame.trace = trace
+    return frame
+
+
+def _inner_passes(models: Sequence[CanonicalModel], transforms: list[Transform],
+                  opts: WeightMatchingOptions, passes: int = 2) -> list[Transform]:
+    """Each model's heads' inner maps chosen afresh against the mean of the others (their
+    assignments and every other map kept), model after model, ``passes`` times."""
+    n = len(models)
+    transforms = list(transforms)
+    moved = [m.transformed(t) for m, t in zip(models, transforms, strict=True)]
+    for _ in range(passes):
+        for i in range(n):
+            others = [m.state for j, m in enumerate(moved) if j != i]
+            target = models[0].with_state(weighted_mean(others, [1.0 / (n - 1)] * (n - 1)))
+            transforms[i] = realign_inner(target, models[i], transforms[i], opts=opts)
+            moved[i] = models[i].transformed(transforms[i])
+    return transforms
+
+
+def spreads(models: Sequence[CanonicalModel], transforms: Sequence[Transform],
+            opts: WeightMatchingOptions) -> list[float]:
+    """Each model's weighted relative distance to the mean of the others in the frame,
+    D / Σ w(‖θ_i‖² + ‖mean‖²) over the spec's tensors."""
+    spec = models[0].spec.weights_only()
+    w = tensor_weights(spec, models[0].state, opts.weighting, None, opts.bias_weight)
+    moved = [m.transformed(t).state for m, t in zip(models, transforms, strict=True)]
+    n, out = len(models), []
+    for i in range(n):
+        mean = weighted_mean([s for j, s in enumerate(moved) if j != i], [1 / (n - 1)] * (n - 1))
+        num = sum(w[k] * float((moved[i][k].double() - mean[k].double()).pow(2).sum())
+                  for k in spec.axes)
+        den = sum(w[k] * float(moved[i][k].double().pow(2).sum() + mean[k].double().pow(2).sum())
+                  for k in spec.axes)
+        out.append(num / den if den > 0 else float("nan"))
+    return out
