@@ -4,7 +4,8 @@ matching (MergeMany) and after learned refinement over the simplex.
 The sets are the quality suite's demo pairs (``gpt2-demo``, ``vit-demo``) with a third seed:
 seeds 0..N-1 of the same training config, trained with glmc's trainer and cached in the
 quality suite's cache (seeds 0 and 1 are its pairs). For each set and method
-(``weight``: MergeMany; ``learned``: MergeMany, then learned refinement with λ ~ Dirichlet(α)),
+(``weight``: MergeMany, and universe matching; ``learned``: MergeMany, then learned refinement
+with λ ~ Dirichlet(α)),
 :func:`glmc.many.many_barrier` on the test split reports each model's loss, their mean, the
 uniformly merged model, and every pair's barrier in the joint frame beside the pair aligned
 alone by the same method. The issue's targets: after learned refinement, the merged test loss
@@ -45,9 +46,10 @@ def folders(cache: Path, key: str, n: int) -> tuple[list[Path], str]:
     return [f for _, f in jobs], pair.train.data
 
 
-def measure(models: list[Path], data: str, method: str, max_batches: int | None) -> dict:
+def measure(models: list[Path], data: str, method: str, max_batches: int | None,
+            frame: str = "mergemany") -> dict:
     t0 = time.perf_counter()
-    r = many_barrier(models, data, method=method, max_batches=max_batches,
+    r = many_barrier(models, data, method=method, max_batches=max_batches, frame=frame,
                      options=AlignOptions(seed=0))
     out = r.to_json()
     if out["frame"].get("learned"):  # (the steps' log: every λ drawn; kept out of the record)
@@ -109,6 +111,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     ap.add_argument("--methods", nargs="+", default=["weight", "learned"])
+    ap.add_argument("--weight-frames", nargs="+", default=["mergemany", "universe"],
+                    help="the frames weight matching is measured in (learned refinement "
+                    "starts from MergeMany's)")
     ap.add_argument("--n", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-batches", type=int, default=None,
@@ -139,8 +144,11 @@ def main() -> None:
                 models, data, [{"edge_fraction": f} for f in args.screen_edge_fraction])}
             continue
         results[key] = {}
-        for method in args.methods:
-            r = measure(models, data, method, args.max_batches)
+        runs = [(m, f) for m in args.methods
+                for f in (args.weight_frames if m == "weight" else ["mergemany"])]
+        for method, frame in runs:
+            r = measure(models, data, method, args.max_batches, frame)
+            method = method if frame == "mergemany" else f"{method} ({frame})"
             results[key][method] = r
             pairs = ", ".join(f"{p['pair'][0]}-{p['pair'][1]} {p['barrier_joint']:.3f} vs "
                               f"{p['barrier_pairwise']:.3f}" for p in r["pairs"])

@@ -106,7 +106,7 @@ def add_learned_options(p: argparse.ArgumentParser, many: bool = False) -> None:
                        "paper's: 0.1)")
         g.add_argument("--edge-fraction", type=float, default=d.edge_fraction,
                        help="three models or more: the share of steps drawn instead on a "
-                       "random pair's edge, at the pair's λ (--lam)")
+                       "random pair's edge, at the pair's λ (--lam); chosen on validation sets")
     g.add_argument("--eval-every", type=int, default=d.eval_every,
                    help="validate every this many steps: at the fixed λ = 0.5"
                    + ("; N models at the centroid and every pair's midpoint" if many else ""))

@@ -11,8 +11,10 @@ assignment for permutations, Procrustes for orthogonal maps: both maximise a lin
 over the group, i.e. over its convex hull) is relaxed to that hull (doubly stochastic matrices;
 the spectral-norm ball) and held as a dense matrix X acting as T does. An iteration takes the
 gradient G of F in every X, the group element S maximising ⟨S, G⟩ (the step of its group:
-the linear oracle), and the best point on every X + γ(S − X), γ on a grid (a line search: F
-never falls); it stops when the Frank-Wolfe gap Σ⟨G, S − X⟩ is at most ``tol`` of F. Each X is
+the linear oracle), and the best point on every X + γ(S − X) (an exact line search: F along
+the segment is a polynomial in γ, of degree twice the most maps on one tensor; F never
+falls); it stops when the Frank-Wolfe gap Σ⟨G, S − X⟩, or the step's gain, is at most
+``tol`` of F. Each X is
 then rounded to its nearest group element (the same step on X itself).
 
 Spaces without such a step (heads' invertible inner maps, rotary maps) keep their start
@@ -44,8 +46,6 @@ from glmc.symmetry.groups import GroupedPermutationGroup, PermutationGroup
 from glmc.symmetry.spec import SymmetrySpec
 from glmc.symmetry.transform import Transform, apply_axes
 
-#: The line search's step sizes (γ = 1 is the oracle's vertex itself).
-GAMMAS = (1.0, 0.5, 0.25, 0.125, 1 / 16, 1 / 32, 1 / 64)
 STARTS = ("star", "barycenter")
 
 #: The centre of a group's convex hull, by group type (the barycenter start); other groups
@@ -93,6 +93,60 @@ class Agreement:
             total = total + x.pow(2).sum()
         return (total - own) / 2
 
+    def along(self, fixed: list[dict[str, Element]], xs: list[dict[str, torch.Tensor]],
+              dirs: list[dict[str, torch.Tensor]]) -> list[float]:
+        """The coefficients c_k of F(X + γD) = Σ_k c_k γ^k, exactly: a tensor moved by maps
+        X + γD on k axes is a polynomial of degree k in γ (its coefficients found axis by
+        axis), and F is a sum of inner products of such polynomials. Tensor by tensor, so
+        that only one tensor's coefficients are held at a time."""
+        poly: list[float] = []
+
+        def add(p: list[torch.Tensor], sign: float) -> None:  # (+ sign·‖p(γ)‖²)
+            for a, pa in enumerate(p):
+                for b, pb in enumerate(p):
+                    while len(poly) <= a + b:
+                        poly.append(0.0)
+                    poly[a + b] += sign * float((pa * pb).sum())
+
+        for name, tags in self.spec.axes.items():
+            total: list[torch.Tensor] = []
+            for i, state in enumerate(self.states):
+                p = _moved_along(state[name], tags, fixed[i], xs[i], dirs[i])
+                add(p, -0.5)
+                total = [a + b for a, b in zip(total, p, strict=False)] + (
+                    total[len(p):] if len(total) > len(p) else p[len(total):])
+            add(total, 0.5)
+        return poly
+
+
+def _moved_along(x: torch.Tensor, tags: tuple, fixed: dict[str, Element],
+                 xs: dict[str, torch.Tensor], dirs: dict[str, torch.Tensor],
+                 ) -> list[torch.Tensor]:
+    """x moved by the maps X + γD (and the fixed elements), as its coefficients in γ: the
+    action of ``apply_axes``, axis by axis in its order, on a polynomial."""
+    coeffs = [x]
+    for axis, tag in enumerate(tags):
+        for space, variance in tag or ():
+            if space in xs:
+                xm, dm = Matrix(xs[space], orthogonal=True), Matrix(dirs[space], orthogonal=True)
+                out = [xm.apply(c, axis, variance) for c in coeffs] + [None]
+                for k, c in enumerate(coeffs):
+                    step = dm.apply(c, axis, variance)
+                    out[k + 1] = step if out[k + 1] is None else out[k + 1] + step
+                coeffs = out
+            elif space in fixed:
+                coeffs = [fixed[space].apply(c, axis, variance) for c in coeffs]
+    return coeffs
+
+
+def best_step(poly: Sequence[float], grid: int = 4096) -> tuple[float, float]:
+    """The γ in [0, 1] maximising Σ_k c_k γ^k (on a fine grid; exact enough for a descent
+    that re-linearises at once) and the gain over γ = 0."""
+    gammas = torch.linspace(0.0, 1.0, grid + 1, dtype=torch.float64)
+    values = sum(c * gammas**k for k, c in enumerate(poly))
+    k = int(torch.argmax(values))
+    return float(gammas[k]), float(values[k] - values[0])
+
 
 def _elements(fixed: list[dict[str, Element]], xs: list[dict[str, torch.Tensor]],
               ) -> list[dict[str, Element]]:
@@ -104,8 +158,9 @@ def universe(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | Non
              max_iter: int = 50, tol: float = 1e-5, start: str = "star",
              progress: Callable[[int, int], None] | None = None) -> Frame:
     """Universe matching of ``models`` (see the module). ``rounds``: each model's relative
-    distance to the mean of the others at the start and at the end; ``trace``: F relative to
-    the magnitude of its start after every iteration; ``converged``: the gap fell to ``tol``."""
+    distance to the mean of the others at the start and at the end; ``trace``: F over the
+    magnitude of its start after every iteration; ``converged``: the gap or the gain fell to
+    ``tol``."""
     check_models(models)
     if start not in STARTS:
         raise GlmcError(f"unknown start {start!r} (one of {', '.join(STARTS)})")
@@ -146,19 +201,14 @@ def universe(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | Non
         if gap <= tol * max(abs(current), 1e-300):
             converged = True
             break
-        best, best_gamma = current, 0.0
         with torch.no_grad():
-            for gamma in GAMMAS:
-                trial = [{s: x + gamma * d[s] for s, x in x_i.items()}
-                         for x_i, d in zip(xs, dirs, strict=True)]
-                v = float(f.value(_elements(fixed, trial)))
-                if v > best:
-                    best, best_gamma = v, gamma
-        if best_gamma == 0.0:  # (no step on the grid gains: a stationary point for it)
+            gamma, gain = best_step(f.along(fixed, xs, dirs))
+        if gamma == 0.0 or gain <= tol * max(abs(current), 1e-300):  # (settled)
             converged = True
             break
-        xs = [{s: x + best_gamma * d[s] for s, x in x_i.items()}
+        xs = [{s: x + gamma * d[s] for s, x in x_i.items()}
               for x_i, d in zip(xs, dirs, strict=True)]
+        best = current + gain
         trace.append(best / abs(f0) if f0 else best)
         if progress is not None:
             progress(k + 1, max_iter)
