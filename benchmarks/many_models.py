@@ -9,6 +9,7 @@ each frame. Prints a table and writes JSON.
 
     python benchmarks/many_models.py                    # N = 8
     python benchmarks/many_models.py --n 4 --steps 300 --out /tmp/many.json
+    python benchmarks/many_models.py --screen-start --out results/many_models_start.json
 """
 
 from __future__ import annotations
@@ -39,6 +40,35 @@ def trained(cache: Path, n: int, steps: int, threads: int) -> list[Path]:
     return folders
 
 
+def screen_start(models: list) -> list[dict]:
+    """Universe matching's start chosen on validation data alone: the merged model's
+    validation loss from each start (the star and MergeMany frames beside), for the first 3
+    models and for all."""
+    from glmc.matching.frames import find_frame
+    from glmc.matching.universe import universe
+
+    rows = []
+    for n in sorted({3, len(models)}):
+        subset = models[:n]
+        runs = {"star": lambda s=subset: find_frame("star", s),
+                "mergemany": lambda s=subset: find_frame("mergemany", s),
+                "universe from the star": lambda s=subset: universe(s, start="star"),
+                "universe from the barycenter": lambda s=subset: universe(s,
+                                                                          start="barycenter")}
+        for what, run in runs.items():
+            t0 = time.perf_counter()
+            frame = run()
+            seconds = time.perf_counter() - t0
+            moved = frame.moved(subset)
+            merged = subset[0].with_state(weighted_mean([m.state for m in moved], [1 / n] * n))
+            r = evaluate(merged, "mnist5k", "val")
+            rows.append({"n": n, "what": what, "val_loss": r.loss, "val_accuracy": r.accuracy,
+                         "seconds": round(seconds, 2), "iterations": len(frame.trace) or None})
+            print(f"N = {n}, {what}: validation loss {r.loss:.4f} ({100 * r.accuracy:.1f}%), "
+                  f"{seconds:.1f} s", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=8)
@@ -46,12 +76,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=HERE.parent / "glmc-cache" / "many")
     ap.add_argument("--out", type=Path, default=RESULTS / "many_models.json")
+    ap.add_argument("--screen-start", action="store_true",
+                    help="instead: universe matching's start, on validation data only")
     args = ap.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
     folders = trained(args.cache, args.n, args.steps, args.threads)
     models = [load_model(f).canonical for f in folders]
+    if args.screen_start:
+        write_json(args.out, {"benchmark": "many_models_start", "machine": machine(),
+                              "run": provenance(threads=args.threads), "n": args.n,
+                              "steps": args.steps, "rows": screen_start(models)})
+        print(f"wrote {args.out}")
+        return
     alone = [evaluate(m, "mnist5k") for m in models]
     rows = [{"what": f"model {i + 1} alone", "loss": r.loss, "accuracy": r.accuracy}
             for i, r in enumerate(alone)]
@@ -66,6 +104,7 @@ def main() -> None:
         r = evaluate(out.model, "mnist5k")
         rows.append({"what": f"merged after {frame}", "loss": r.loss, "accuracy": r.accuracy,
                      "seconds": round(seconds, 2), "rounds": len(out.frame.rounds),
+                     "iterations": len(out.frame.trace) or None,
                      "converged": out.frame.converged,
                      "cycle_error_pairwise": out.settings["cycle_error_pairwise"]})
     mean_acc = sum(x.accuracy for x in alone) / len(alone)

@@ -31,6 +31,7 @@ compose by construction.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -42,7 +43,7 @@ from glmc.matching.steps import solvable, solve
 from glmc.matching.weight import realign_inner
 from glmc.model import CanonicalModel
 from glmc.symmetry.elements import Element, Matrix
-from glmc.symmetry.groups import GroupedPermutationGroup, PermutationGroup
+from glmc.symmetry.groups import Group, GroupedPermutationGroup, PermutationGroup
 from glmc.symmetry.spec import SymmetrySpec
 from glmc.symmetry.transform import Transform, apply_axes
 
@@ -50,14 +51,14 @@ STARTS = ("star", "barycenter")
 
 #: The centre of a group's convex hull, by group type (the barycenter start); other groups
 #: start at the identity.
-CENTRES: dict[type, Callable[[object, torch.dtype], torch.Tensor]] = {
+CENTRES: dict[type[Group], Callable[[Any, torch.dtype], torch.Tensor]] = {
     PermutationGroup: lambda g, dtype: torch.full((g.n, g.n), 1.0 / g.n, dtype=dtype),
     GroupedPermutationGroup: lambda g, dtype: torch.block_diag(
         *[torch.full((g.per_group, g.per_group), 1.0 / g.per_group, dtype=dtype)] * g.groups),
 }
 
 
-def relaxed_spaces(spec: SymmetrySpec, opts: WeightMatchingOptions) -> dict[str, object]:
+def relaxed_spaces(spec: SymmetrySpec, opts: WeightMatchingOptions) -> dict[str, Group]:
     """The spaces the descent relaxes, with the group each is matched in: those whose group
     has a weight-matching step and keeps norms (permutations, orthogonal maps)."""
     groups = effective_groups(spec, opts.residual, opts.inner or "invertible",
@@ -68,8 +69,10 @@ def relaxed_spaces(spec: SymmetrySpec, opts: WeightMatchingOptions) -> dict[str,
 
 
 class Agreement:
-    """F and its pieces for N models: the weighted tensors, the fixed elements, and the
-    relaxed matrices' action."""
+    """F for N models, at given elements and along a segment. The relaxed maps are dense
+    matrices X (n, n) held as ``Matrix(X, orthogonal=True)``: that acts as X on an output
+    side and as W·Xᵀ on an input side, which for a permutation or an orthogonal map is its
+    own action (W·T⁻¹ = W·Tᵀ), so the relaxation agrees with the group on its vertices."""
 
     def __init__(self, models: Sequence[CanonicalModel], opts: WeightMatchingOptions):
         self.spec = models[0].spec.weights_only()
@@ -109,12 +112,13 @@ class Agreement:
                     poly[a + b] += sign * float((pa * pb).sum())
 
         for name, tags in self.spec.axes.items():
-            total: list[torch.Tensor] = []
+            total: list[torch.Tensor] = []  # (Σ_i of model i's polynomial, coefficientwise)
             for i, state in enumerate(self.states):
                 p = _moved_along(state[name], tags, fixed[i], xs[i], dirs[i])
                 add(p, -0.5)
-                total = [a + b for a, b in zip(total, p, strict=False)] + (
-                    total[len(p):] if len(total) > len(p) else p[len(total):])
+                total = [total[k] + p[k] if k < len(total) and k < len(p)
+                         else (total[k] if k < len(total) else p[k])
+                         for k in range(max(len(total), len(p)))]
             add(total, 0.5)
         return poly
 
