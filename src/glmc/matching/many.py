@@ -38,7 +38,8 @@ class Frame:
     whose transform is the identity), and how it was found.
 
     ``rounds``: per MergeMany round, each model's relative distance to the mean of the
-    others after it moved (star: one round of each model's distance to the first)."""
+    others after it moved (star: one round of each model's distance to the first; universe
+    matching: at its start and at its end)."""
 
     method: str
     transforms: list[Transform]

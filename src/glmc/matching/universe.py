@@ -223,10 +223,8 @@ def universe(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | Non
         transforms = _inner_passes(models, transforms, opts)
     back = transforms[0].inverse(spec)
     transforms = [Transform.identity(spec), *(back.compose(t, spec) for t in transforms[1:])]
-    frame = Frame("universe", transforms, [], converged)
-    frame.rounds = [spreads(models, init.transforms, opts), spreads(models, transforms, opts)]
-    frame.trace = trace
-    return frame
+    rounds = [spreads(models, init.transforms, opts), spreads(models, transforms, opts)]
+    return Frame("universe", transforms, rounds, converged, trace)
 
 
 def _inner_passes(models: Sequence[CanonicalModel], transforms: list[Transform],
