@@ -73,6 +73,12 @@ def weighted_mean(states: Sequence[StateDict], weights: Sequence[float]) -> Stat
     return out
 
 
+def mean_of_others(states: Sequence[StateDict], i: int) -> StateDict:
+    """The uniform mean of every state but the i-th (what model i is aligned to)."""
+    others = [s for j, s in enumerate(states) if j != i]
+    return weighted_mean(others, [1.0 / len(others)] * len(others))
+
+
 def frame_options(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | None,
              ) -> WeightMatchingOptions:
     """``opts`` with ``fix_ones`` settled once for the whole set (so that every map keeps
@@ -124,8 +130,7 @@ def merge_many(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | N
     for k in range(max_rounds):
         dists = [0.0] * n
         for i in torch.randperm(n, generator=g).tolist():
-            others = [m.state for j, m in enumerate(moved) if j != i]
-            target = models[0].with_state(weighted_mean(others, [1.0 / (n - 1)] * (n - 1)))
+            target = models[0].with_state(mean_of_others([m.state for m in moved], i))
             r = weight_matching(target, models[i], opts, where=f"model {i + 1} vs the others")
             transforms[i], moved[i] = r.transform, models[i].transformed(r.transform)
             dists[i] = r.relative

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from glmc.errors import GlmcError
-from glmc.matching.many import Frame, check_models, frame_options, star, weighted_mean
+from glmc.matching.many import Frame, check_models, frame_options, mean_of_others, star
 from glmc.matching.options import WeightMatchingOptions
 from glmc.matching.problem import effective_groups, stream_space, tensor_weights
 from glmc.matching.steps import solvable, solve
@@ -236,8 +236,7 @@ def _inner_passes(models: Sequence[CanonicalModel], transforms: list[Transform],
     moved = [m.transformed(t) for m, t in zip(models, transforms, strict=True)]
     for _ in range(passes):
         for i in range(n):
-            others = [m.state for j, m in enumerate(moved) if j != i]
-            target = models[0].with_state(weighted_mean(others, [1.0 / (n - 1)] * (n - 1)))
+            target = models[0].with_state(mean_of_others([m.state for m in moved], i))
             transforms[i] = realign_inner(target, models[i], transforms[i], opts=opts)
             moved[i] = models[i].transformed(transforms[i])
     return transforms
@@ -252,7 +251,7 @@ def spreads(models: Sequence[CanonicalModel], transforms: Sequence[Transform],
     moved = [m.transformed(t).state for m, t in zip(models, transforms, strict=True)]
     n, out = len(models), []
     for i in range(n):
-        mean = weighted_mean([s for j, s in enumerate(moved) if j != i], [1 / (n - 1)] * (n - 1))
+        mean = mean_of_others(moved, i)
         num = sum(w[k] * float((moved[i][k].double() - mean[k].double()).pow(2).sum())
                   for k in spec.axes)
         den = sum(w[k] * float(moved[i][k].double().pow(2).sum() + mean[k].double().pow(2).sum())
