@@ -20,12 +20,16 @@
    twice per residual step, plus rank 0's map to all; 10 Gb/s assumed between machines,
    none on one). 15 iterations solve about 0.58 of the units each (GPT-2 small's measured
    sweeps, benchmarks/results/weight_matching.json).
-3. Memory per machine against 24 GB: both models in float32, held whole on every rank (the
-   loading is not spread), plus the working set split across ranks: A's weighted copies and
-   B moved (one model each, less the embeddings), the residual cache's d x d float64 per MLP
-   matrix, each worker's f x f cost buffers (12 B per entry), rank 0's embeddings.
+3. Memory per machine against 24 GB: each rank reads only its share of the pair
+   (``glmc.matching.spread.load_pair``), so a machine holds its share of both models in
+   float32, rank 0 the embeddings and heads besides (only the stream touches them), plus
+   the working set split across ranks: A's weighted copies and B moved (one model each,
+   less the embeddings), the residual cache's d x d float64 per MLP matrix, each worker's
+   f x f cost buffers (12 B per entry). Then rank 0 writes B aligned: B whole in float32.
 4. A real run: one process (one thread) vs two ranks (torchrun, one thread each) on a small
-   GPT-2 pair: seconds of weight matching in each, and whether the results are equal.
+   GPT-2 pair read from stock folders as ``glmc align`` reads them (each rank its share,
+   handed over to weight matching): seconds of loading and of weight matching in each,
+   peak memory, and whether the results are equal.
 
     python benchmarks/distributed_wm.py            # writes benchmarks/results/distributed_wm.json
 """
@@ -73,17 +77,11 @@ def llama(layers: int, d: int, heads: int, kv: int, f: int, vocab: int, seed: in
     return imp.to_canonical(cfg, dict(imp.stock_model(cfg).state_dict()))
 
 
-def gpt2(layers: int, d: int, heads: int, f: int, vocab: int, seed: int):
-    import torch
+def gpt2_config(layers: int, d: int, heads: int, f: int, vocab: int):
     from transformers import GPT2Config
 
-    from glmc.families import IMPORTERS
-
-    cfg = GPT2Config(n_layer=layers, n_embd=d, n_head=heads, n_inner=f, vocab_size=vocab,
-                     n_positions=64, bos_token_id=None, eos_token_id=None)
-    imp = IMPORTERS["gpt2"]
-    torch.manual_seed(seed)
-    return imp.to_canonical(cfg, dict(imp.stock_model(cfg).state_dict()))
+    return GPT2Config(n_layer=layers, n_embd=d, n_head=heads, n_inner=f, vocab_size=vocab,
+                      n_positions=64, bos_token_id=None, eos_token_id=None)
 
 
 def mlp_macs(d: int, f: int) -> float:
@@ -185,18 +183,18 @@ def estimate(target: str, measured: dict, svd_exponent: float) -> dict:
         # (a rank's direct products computed ahead of its turn in the ordered sum)
         prefetch = 0.0 if machines == 1 else min(2.0, 4 * layers / machines * d * d * 8 / gb)
         working = (weighted + caches) / machines + CORES * buffers + prefetch
-        spread_load = (models + working if machines == 1
-                       else models / machines + embeddings + working)
+        matching = (models + working if machines == 1
+                    else models / machines + embeddings + working)
+        writing = models / 2  # (rank 0: B aligned whole, in float32)
         rows[machines] = {
             "per_iteration_s": round(per_iter, 1), "units_s": round(units, 1),
             "residual_s": round(residual, 1), "communication_s": round(hops, 1),
             "total_h": round(ITERS * per_iter / 3600, 2),
-            "memory_gb": round(models + working, 1),
-            "memory_gb_if_loading_were_spread": round(spread_load, 1),
-            "fits_24gb": models + working <= MACHINE_GB,
-            "fits_24gb_if_loading_were_spread": spread_load <= MACHINE_GB}
-    # Machines of 24 GB it would take with the loading spread too (rank 0 holding the
-    # embeddings), with one worker per machine where two workers' buffers do not fit.
+            "memory_gb": round(matching, 1), "fits_24gb": matching <= MACHINE_GB,
+            "rank0_writing_gb": round(writing, 1),
+            "rank0_writing_fits_24gb": writing <= MACHINE_GB}
+    # Machines of 24 GB the matching takes (rank 0 holding the embeddings), with one worker
+    # per machine where two workers' buffers do not fit.
     need = None
     for workers in (CORES, 1):
         fixed = embeddings + workers * buffers + 2.0
@@ -214,30 +212,42 @@ def estimate(target: str, measured: dict, svd_exponent: float) -> dict:
                           "residual_caches": round(caches, 1),
                           "cost_buffers_per_worker": round(buffers, 1),
                           "embeddings_rank0": round(embeddings, 1)},
-            "if_loading_were_spread": need,
+            "machines_for_matching": need,
             "one_machine": rows[1], "eight_machines": rows[8]}
 
 
 # -- the real 2-rank run ----------------------------------------------------------------------
 
 
-def real_run(out: str) -> None:
-    """Weight matching on the REAL pair in this process (alone or as a rank): its seconds,
-    result and peak memory, into ``out`` (formatted with the rank)."""
+def real_run(out: str, folders: str) -> None:
+    """Weight matching on the REAL pair in this process (alone or as a rank), read from its
+    stock folders as ``glmc align`` reads them: its seconds, result and peak memory, into
+    ``out`` (formatted with the rank)."""
     import resource
 
     import torch
 
-    from glmc.distributed import process_group, rank
+    from glmc.distributed import process_group, rank, spread
+    from glmc.io.folders import load_model
+    from glmc.matching.spread import load_pair
     from glmc.matching.weight import WeightMatchingOptions, weight_matching
 
     torch.set_num_threads(1)
+    opts = WeightMatchingOptions(max_iter=3, tol=0, hand_over=True)
+    paths = [Path(folders) / name for name in "ab"]
     with process_group():
-        a, b = (gpt2(*REAL, seed=s) for s in (0, 1))
         t0 = time.perf_counter()
-        r = weight_matching(a, b, WeightMatchingOptions(max_iter=3, tol=0))
+        if spread():
+            a, b = (m.canonical for m in load_pair(*paths, opts))
+        else:
+            a, b = (load_model(p).canonical for p in paths)
+        loading = time.perf_counter() - t0
+        held = sum(t.numel() * 4 for m in (a, b) for t in m.state.values() if not t.is_meta)
+        t0 = time.perf_counter()
+        r = weight_matching(a, b, opts)
         seconds = time.perf_counter() - t0
-        torch.save({"seconds": seconds, "distances": [row["distance"] for row in r.trace],
+        torch.save({"seconds": seconds, "load_seconds": loading, "loaded_gb": held / 1e9,
+                    "distances": [row["distance"] for row in r.trace],
                     "elements": {s: e.tensors() for s, e in r.transform.elements.items()},
                     "units": sum(row["seconds"]["units"] for row in r.trace),
                     "residual": sum(row["seconds"]["residual"] for row in r.trace),
@@ -249,13 +259,19 @@ def real(tmp: Path) -> dict:
     """The REAL pair in one process (one thread) and on two ranks (one thread each)."""
     import torch
 
+    from glmc.families import IMPORTERS
+
+    for name, seed in (("a", 0), ("b", 1)):  # (stock folders, as a user brings them)
+        torch.manual_seed(seed)
+        IMPORTERS["gpt2"].stock_model(gpt2_config(*REAL)).save_pretrained(str(tmp / name))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs: dict[str, list] = {"one": [], "two": []}
     for repeat in range(REPEATS):  # (alternated, the faster of each kept: the machine is shared)
         for name, launch in (("one", []), ("two", ["-m", "torch.distributed.run",
                                                    "--standalone", "--nproc-per-node=2"])):
             out = tmp / f"{name}{repeat}-{{}}.pt"
-            cmd = [sys.executable, *launch, __file__, "--real", str(out)]
+            cmd = [sys.executable, *launch, __file__, "--real", str(out), "--folders",
+                   str(tmp)]
             subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
             ranks = [torch.load(str(out).format(r), weights_only=True)
                      for r in range(1 if name == "one" else 2)]
@@ -278,6 +294,10 @@ def real(tmp: Path) -> dict:
             "phases_s": {"one": phases(one), "two": phases(two)},
             "peak_rss_gb": {"one": round(one["peak_rss_gb"], 2),
                             "two": [round(two["peak_rss_gb"], 2), round(two_1["peak_rss_gb"], 2)]},
+            "loaded_gb": {"one": round(one["loaded_gb"], 3),
+                          "two": [round(two["loaded_gb"], 3), round(two_1["loaded_gb"], 3)]},
+            "load_s": {"one": round(one["load_seconds"], 2),
+                       "two": [round(two["load_seconds"], 2), round(two_1["load_seconds"], 2)]},
             "all_seconds": {k: [round(r[0]["seconds"], 2) for r in v] for k, v in runs.items()},
             "load_average_after": os.getloadavg(), "identical": same}
 
@@ -288,13 +308,14 @@ def main() -> None:
     p.add_argument("--out", default=str(Path(__file__).parent / "results"
                                         / "distributed_wm.json"))
     p.add_argument("--real", help=argparse.SUPPRESS)  # (a rank of the real run)
+    p.add_argument("--folders", help=argparse.SUPPRESS)  # (the real run's pair)
     p.add_argument("--skip-real", action="store_true", help="skip the 2-rank run")
     args = p.parse_args()
     import torch
 
     torch.set_num_threads(1)
     if args.real:
-        real_run(args.real)
+        real_run(args.real, args.folders)
         return
     t0 = time.perf_counter()
     measured = {name: measure_units(name) for name in MEASURED}
@@ -308,16 +329,16 @@ def main() -> None:
     exponent = min(3.0, max(exponent, 2.5))  # (d³ in theory; smaller sizes run less well)
     estimates = {t: estimate(t, measured, exponent) for t in TARGETS}
     print(f"\n{'pair':12} {'machines':>8} {'s/iter':>8} {'units':>7} {'resid':>7} {'comm':>5} "
-          f"{'15 it (h)':>9} {'GB/machine':>10} {'fits 24GB':>9} {'GB if load spread':>17}")
+          f"{'15 it (h)':>9} {'GB/machine':>10} {'fits 24GB':>9} {'rank 0 writing GB':>17}")
     for t, e in estimates.items():
         for key, n in (("one_machine", 1), ("eight_machines", 8)):
             r = e[key]
             print(f"{t:12} {n:>8} {r['per_iteration_s']:>8.0f} {r['units_s']:>7.0f} "
                   f"{r['residual_s']:>7.0f} {r['communication_s']:>5.1f} {r['total_h']:>9.2f} "
                   f"{r['memory_gb']:>10.1f} {'yes' if r['fits_24gb'] else 'no':>9} "
-                  f"{r['memory_gb_if_loading_were_spread']:>17.1f}")
-        print(f"{'':12} seconds {e['seconds']}; memory (GB) {e['memory_gb']}; with the "
-              f"loading spread too: {e['if_loading_were_spread']} (24 GB each)")
+                  f"{r['rank0_writing_gb']:>17.1f}")
+        print(f"{'':12} seconds {e['seconds']}; memory (GB) {e['memory_gb']}; machines of "
+              f"24 GB for the matching: {e['machines_for_matching']}")
     report = {"machine": machine(), "provenance": provenance(load_average=os.getloadavg()),
               "assumptions": {"cores_per_machine": CORES, "machine_gb": MACHINE_GB,
                               "bandwidth_bytes_per_s": BANDWIDTH, "iterations": ITERS,
@@ -330,7 +351,8 @@ def main() -> None:
             report["real_run"] = real(Path(tmp))
         rr = report["real_run"]
         print(f"\nreal run, GPT-2 {rr['pair']}: one process {rr['one_process_s']}s, two ranks "
-              f"{rr['two_ranks_s']}s (x{rr['speedup']}), identical: {rr['identical']}")
+              f"{rr['two_ranks_s']}s (x{rr['speedup']}), identical: {rr['identical']}; "
+              f"tensors read {rr['loaded_gb']} GB, peak RSS {rr['peak_rss_gb']} GB")
     report["total_s"] = round(time.perf_counter() - t0, 1)
     print(f"wrote {write_json(args.out, report)}")
     print(json.dumps({"total_s": report["total_s"]}))

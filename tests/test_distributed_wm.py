@@ -44,6 +44,15 @@ with process_group():  # (glmc align's own is then a no-op)
     out["refused"] = refused()
     torch.save(out, {out!r}.format(rank()))
     assert main({align!r} + ["-o", {two!r}]) == 0
+    from glmc.io.folders import StoredState
+    read, stored_read = [], StoredState.read
+    def recorded(self, key, dtype=None):  # (what this rank reads of the folders)
+        read.append((str(self.where), key))
+        return stored_read(self, key, dtype)
+    StoredState.read = recorded
+    assert main({align_hf!r} + ["-o", {two_hf!r}]) == 0
+    StoredState.read = stored_read
+    torch.save(read, {reads!r}.format(rank()))
     if rank() == 1:  # (its units fail)
         def fail(*args, **kwargs):
             raise GlmcError("planted failure in a unit")
@@ -99,6 +108,8 @@ def alone(fn, *args):
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> dict:
     """The torchrun run (see the module's docstring): its folder, exit status and output."""
+    from conftest import make_tiny
+
     from glmc.io.folders import write_model
 
     tmp = tmp_path_factory.mktemp("ranks")
@@ -107,10 +118,17 @@ def ranks(tmp_path_factory) -> dict:
         write_model(tmp / name, model)
     align = ["align", str(tmp / "a"), str(tmp / "b"), "--align", "weight", "--iters", "3",
              "--json"]
+    for name, seed in (("hf-a", 1), ("hf-b", 2)):  # (stock Llama folders, GQA, bfloat16)
+        stock = make_tiny("llama", seed=seed, dtype=torch.float32, **PAIRS["llama"]).stock
+        stock.to(torch.bfloat16).save_pretrained(str(tmp / name))
+    align_hf = ["align", str(tmp / "hf-a"), str(tmp / "hf-b"), "--align", "weight",
+                "--iters", "3", "--json"]
     script = tmp / "worker.py"
     script.write_text(WORKER.format(tests=str(TESTS), out=str(tmp / "rank{}.pt"),
                                     align=align, two=str(tmp / "two"),
-                                    failed=str(tmp / "failed")))
+                                    failed=str(tmp / "failed"), align_hf=align_hf,
+                                    two_hf=str(tmp / "two-hf"),
+                                    reads=str(tmp / "reads{}.pt")))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node=2", str(script)]
     proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -174,6 +192,57 @@ def test_cli_align_under_torchrun_writes_the_single_process_result(ranks):
     for space, e in x.elements.items():
         tx, ty = e.tensors(), y.elements[space].tensors()
         assert all(torch.equal(tx[k], ty[k]) for k in tx), space
+
+
+def llama_stock_name(canonical: str) -> str:
+    """The stock Llama matrix a canonical one is made from (its norm's gains aside)."""
+    if canonical in ("embed.tok", "head.weight"):
+        return {"embed.tok": "model.embed_tokens.weight", "head.weight": "lm_head.weight"}[
+            canonical]
+    _, i, block, name, _ = canonical.split(".")
+    stock = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj",
+             "fc": "up_proj", "proj": "down_proj"}[name]
+    return f"model.layers.{i}.{'self_attn' if block == 'attn' else 'mlp'}.{stock}.weight"
+
+
+def test_each_rank_reads_only_its_share_of_a_stock_pair(ranks):
+    """``torchrun ... glmc align`` of two stock Llama folders (bfloat16, grouped-query
+    heads): each rank reads, of A's weight matrices, exactly those of its share of the plan
+    (its units' tensors; rank 0 also the embedding and the head, which only the stream
+    touches), each once; rank 1 reads the same of B (rank 0 reads B whole as well, for the
+    reference logits and to write B aligned). OUT is the single-process result, written
+    back as the stock class in bfloat16."""
+    from glmc.cli.main import main
+    from glmc.io.folders import load_model
+    from glmc.matching.spread import plan
+    from glmc.matching.weight import Problem
+    from glmc.symmetry.transform import Transform
+
+    tmp = ranks["tmp"]
+    assert (tmp / "two-hf").is_dir(), ranks["proc"].stderr[-3000:]
+    one = [*ranks["align"][:1], str(tmp / "hf-a"), str(tmp / "hf-b"), *ranks["align"][3:]]
+    assert alone(main, [*one, "-o", str(tmp / "one-hf")]) == 0
+    x, y = (Transform.load(tmp / d / "transform.safetensors") for d in ("one-hf", "two-hf"))
+    for space, e in x.elements.items():
+        tx, ty = e.tensors(), y.elements[space].tensors()
+        assert all(torch.equal(tx[k], ty[k]) for k in tx), space
+    config = json.loads((tmp / "two-hf" / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert config.get("dtype", config.get("torch_dtype")) == "bfloat16"
+
+    a, b = (load_model(tmp / n).canonical for n in ("hf-a", "hf-b"))
+    split = plan(Problem(a, b, WeightMatchingOptions(), only=set()),
+                 {n: tuple(t.shape) for n, t in a.state.items()}, 2)
+    matrices = {n for n, t in a.state.items() if t.dim() == 2}
+    shares = [{llama_stock_name(n) for n in split.local(r) & matrices} for r in (0, 1)]
+    assert shares[0] and shares[1] and not shares[0] & shares[1]
+    assert {"model.embed_tokens.weight", "lm_head.weight"} <= shares[0]
+    for r in (0, 1):
+        reads = torch.load(tmp / f"reads{r}.pt", weights_only=True)
+        for folder in ("hf-a", "hf-b") if r == 1 else ("hf-a",):
+            read = [k for where, k in reads if Path(where).name == folder
+                    and k.endswith("weight") and "norm" not in k]
+            assert sorted(read) == sorted(shares[r]), (r, folder)
 
 
 def test_one_rank_failing_stops_every_rank_with_one_line_and_no_output(ranks):

@@ -247,9 +247,154 @@ def test_a_pair_that_fits_is_not_refused(h, tmp_path, monkeypatch):
     glmc.io.outputs.check_pair_memory(tmp_path / "a", tmp_path / "b")
 
 
+def test_a_pair_spread_over_ranks_needs_each_machine_s_share(h, tmp_path, monkeypatch):
+    """Weight matching across 8 ranks, one per machine: a machine holds an eighth of the
+    pair and of its copies (plus its own runtime and largest tensors); rank 0's machine,
+    which writes B aligned, at least B in float32. ``glmc align`` under torchrun checks
+    this machine's share, not the whole pair."""
+    from glmc.cli.align import spread_ranks
+    from glmc.cli.main import build_parser
+
+    for name, seed in (("a", 0), ("b", 1)):
+        save_decoder(h, tmp_path / name, seed)
+    a, b = tmp_path / "a", tmp_path / "b"
+    n_b = glmc.io.outputs.stored_params(b)
+    pair, working = glmc.io.outputs.pair_memory(a, b)
+    beside = working - int(4 * glmc.io.outputs.MATCHING_COPIES * n_b)
+    share = glmc.io.outputs.pair_memory(a, b, ranks=(1, 8), writes=False)
+    assert share == (pair // 8, int(4 * glmc.io.outputs.MATCHING_COPIES * n_b / 8) + beside)
+    assert glmc.io.outputs.pair_memory(a, b, ranks=(1, 8))[0] >= 4 * n_b
+    two = glmc.io.outputs.pair_memory(a, b, ranks=(2, 8), writes=False)
+    assert two[0] == pair * 2 // 8 and two[1] > share[1]
+
+    args = build_parser().parse_args(["align", str(a), str(b), "-o", str(tmp_path / "o")])
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("GROUP_RANK", "3")
+    assert spread_ranks(args, merging=False) == {"ranks": (1, 8), "writes": False}
+    assert spread_ranks(args, merging=True) == {}
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert spread_ranks(args, merging=False) == {}
+
+
 def test_available_memory_reads_meminfo():
     free = glmc.io.outputs.available_memory()
     if not Path("/proc/meminfo").is_file():
         assert free is None
     else:
         assert free is not None and free > 0
+
+
+# -- one process's share of a model (load_model's ``only``) -----------------------------------
+
+#: Every family's importer, with the variants whose conversion differs: a tied head, GQA,
+#: partial rotary with biases, Qwen2's q/k/v biases, a post-LayerNorm encoder.
+SHARE_MODELS = {
+    "gpt2": dict(tied=True), "vit": {}, "llama-tied": dict(tied=True),
+    "qwen2": {}, "gpt_neox": dict(rotary_pct=0.5), "bert": {},
+}
+
+
+@pytest.fixture(scope="module")
+def share_folders(tmp_path_factory) -> dict[str, Path]:
+    from conftest import make_tiny
+
+    tmp = tmp_path_factory.mktemp("shares")
+    folders = {}
+    for name, kw in SHARE_MODELS.items():
+        arch = name.removesuffix("-tied")
+        t = make_tiny(arch, seed=3, dtype=torch.float32, **kw)
+        t.stock.to(torch.bfloat16 if arch == "llama" else torch.float32).save_pretrained(
+            str(tmp / name))
+        folders[name] = tmp / name
+    return folders
+
+
+@pytest.mark.parametrize("name", sorted(SHARE_MODELS))
+def test_a_share_is_the_full_load_of_its_tensors_and_reads_no_other_matrix(
+        name, share_folders, monkeypatch):
+    """For random thirds of the canonical tensors: each wanted tensor equals the full load's
+    (``torch.equal``), every other one is a placeholder of its shape on the meta device, and
+    the stored matrices read are only those the wanted tensors are made from (vectors,
+    small, are read always)."""
+    import random
+
+    folder = share_folders[name]
+    full = load_model(folder).canonical
+    read: list[str] = []
+    stored_read = StoredState.read
+
+    def recorded(self, key, dtype=None):
+        read.append(key)
+        return stored_read(self, key, dtype)
+
+    monkeypatch.setattr(StoredState, "read", recorded)
+    meta = open_model(folder).state.meta
+    matrices = {k for k, t in meta.items() if t.dim() >= 2}
+    rng = random.Random(name)
+    names = sorted(full.state)
+    for _ in range(3):
+        only = set(rng.sample(names, len(names) // 3))
+        read.clear()
+        part = load_model(folder, only=only).canonical
+        assert part.partial
+        for n in names:
+            t = part.state[n]
+            if n in only:
+                assert not t.is_meta and torch.equal(t, full.state[n]), n
+            else:
+                assert t.is_meta and t.shape == full.state[n].shape, n
+        # (together, the matrices each wanted tensor alone reads; a tied embedding is read
+        # for the embedding and for the head)
+        got = [m for m in read if m in matrices]
+        needed = set()
+        for n in only:
+            read.clear()
+            load_model(folder, only={n})
+            needed |= {m for m in read if m in matrices}
+        assert set(got) == needed and needed < matrices
+
+
+def test_a_conversion_that_reads_a_matrix_value_runs_whole(monkeypatch, share_folders):
+    """An importer that branches on a matrix's values (here: the embedding's largest entry)
+    cannot run over placeholders: the conversion runs whole, and the share still holds the
+    full load's tensors."""
+    from glmc.families.transformer.llama import DecoderImporter
+
+    convert = DecoderImporter.to_canonical
+
+    def branching(self, hf_config, state):
+        model = convert(self, hf_config, state)
+        if float(state["model.embed_tokens.weight"].abs().max()) > 1e9:  # (never)
+            raise AssertionError
+        return model
+
+    monkeypatch.setattr(DecoderImporter, "to_canonical", branching)
+    folder = share_folders["qwen2"]
+    full = load_model(folder).canonical
+    only = {"blocks.0.attn.q.weight", "blocks.1.mlp.fc.weight"}
+    part = load_model(folder, only=only).canonical
+    assert all(torch.equal(part.state[n], full.state[n]) for n in only)
+    assert sum(not t.is_meta for t in part.state.values()) == len(only)
+
+
+def test_a_share_of_a_glmc_folder_reads_only_its_tensors(tmp_path, monkeypatch):
+    """A glmc folder holds the canonical tensors themselves: a share reads those alone."""
+    from conftest import make_tiny
+
+    from glmc.io.folders import write_model
+
+    (tmp_path / "m").mkdir()
+    write_model(tmp_path / "m", make_tiny("gpt2", seed=1, dtype=torch.float32).canonical(),
+                stock=False)
+    full = load_model(tmp_path / "m").canonical
+    read: list[str] = []
+    stored_read = StoredState.read
+    monkeypatch.setattr(StoredState, "read",
+                        lambda self, key, dtype=None: read.append(key) or stored_read(
+                            self, key, dtype))
+    only = {"blocks.1.attn.q.weight", "embed.tok"}
+    part = load_model(tmp_path / "m", only=only).canonical
+    assert sorted(read) == sorted(only)
+    assert all(torch.equal(part.state[n], full.state[n]) for n in only)
+    assert all(t.is_meta for n, t in part.state.items() if n not in only)

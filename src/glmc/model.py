@@ -77,6 +77,12 @@ class CanonicalModel:
         (None also for a family without a residual stream to centre)."""
         return self.family.uncentred_writer(self, tol)
 
+    @property
+    def partial(self) -> bool:
+        """Whether some tensors are placeholders on the meta device, not read (one process's
+        share of a pair: ``load_model``'s ``only``)."""
+        return any(t.is_meta for t in self.state.values())
+
     def n_params(self) -> int:
         return sum(v.numel() for v in self.state.values())
 
@@ -122,6 +128,8 @@ def check_pair(a: CanonicalModel, b: CanonicalModel, where: str = "") -> None:
         raise GlmcError(f"{at}model B has tensor {extra[0]} that A lacks")
     for who, m in (("A", a), ("B", b)):
         for name, t in m.state.items():
+            if t.is_meta:  # (not read here: another process's share, see load_model's only)
+                continue
             # (a finite sum means finite entries; only a sum that is not, rarely an
             # overflow, needs the elementwise check: one pass instead of a boolean copy)
             if not bool(torch.isfinite(t.sum())) and not bool(torch.isfinite(t).all()):

@@ -59,24 +59,48 @@ def check_pair_options(args: argparse.Namespace) -> None:
     merging = getattr(args, "alpha", None) is not None  # (glmc merge: the merged model too)
     copies = (KEPT_MATCHING_COPIES + 1 if merging
               else MATCHING_COPIES if may_hand_over(args) else KEPT_MATCHING_COPIES)
-    check_pair_memory(args.a, args.b, extra_copies=copies, what=f"{args.a} and {args.b}")
+    check_pair_memory(args.a, args.b, extra_copies=copies, what=f"{args.a} and {args.b}",
+                      **spread_ranks(args, merging))
 
 
-def load_pair(args: argparse.Namespace,
-              keep_stock: bool = False) -> tuple[LoadedModel, LoadedModel]:
+def spread_ranks(args: argparse.Namespace, merging: bool) -> dict:
+    """Under torchrun, where align's ranks each read a share of the pair: this machine's
+    processes and all of them, and whether this machine writes OUT (rank 0's does), for the
+    memory estimate (:func:`glmc.io.outputs.pair_memory`); else nothing."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 or merging or not may_hand_over(args):
+        return {}
+    return {"ranks": (int(os.environ.get("LOCAL_WORLD_SIZE", "1")), world),
+            "writes": os.environ.get("GROUP_RANK", "0") == "0"}
+
+
+def load_pair(args: argparse.Namespace, keep_stock: bool = False,
+              shares: bool = False) -> tuple[LoadedModel, LoadedModel]:
     """Both input folders (see :func:`check_pair_options` for the checks before), checked to
     share their inputs, outputs and tokenizer.
 
-    A's stock weights are dropped unless ``keep_stock`` (B's are kept)."""
+    A's stock weights are dropped unless ``keep_stock`` (B's are kept). ``shares``: under
+    torchrun, each rank reads only the tensors its share of the weight matching touches
+    (:func:`glmc.matching.spread.load_pair`; for align's handed-over pair)."""
     from glmc.api import shared_tokenizer
+    from glmc.distributed import spread
     from glmc.io.folders import load_model
     from glmc.verify import same_interface
 
-    a = load_model(args.a, allow_pickle=args.allow_pickle)
-    if not keep_stock:
-        a.stock_state = None  # (A is needed in canonical form only)
-    release_memory()
-    b = load_model(args.b, allow_pickle=args.allow_pickle)
+    if shares and spread():
+        from glmc.matching.spread import load_pair as load_shares
+        from glmc.methods import AlignOptions
+
+        opts = AlignOptions(residual=args.residual, heads=args.heads).weight_matching()
+        a, b = load_shares(args.a, args.b, opts, allow_pickle=args.allow_pickle)
+    else:
+        a = load_model(args.a, allow_pickle=args.allow_pickle)
+        if not keep_stock:
+            a.stock_state = None  # (A is needed in canonical form only)
+        release_memory()
+        b = load_model(args.b, allow_pickle=args.allow_pickle)
     release_memory()
     same_interface(a.canonical.config, b.canonical.config, f"{args.a} vs {args.b}")
     shared_tokenizer(a.canonical, b.canonical, f"{args.a} vs {args.b}")
@@ -160,11 +184,9 @@ def hands_over(args: argparse.Namespace) -> bool:
     """Whether align hands the pair over to weight matching (``AlignOptions.hand_over``),
     which frees the models' tensors as it goes (the same transform, bit for bit); B aligned
     is then made from B's folder read again (:func:`aligned_from_folder`). So for the
-    weight methods on heads as they are, in one process (under torchrun every rank keeps
-    its models; see :mod:`glmc.matching.spread`)."""
-    from glmc.distributed import spread
-
-    return may_hand_over(args) and not spread()
+    weight methods on heads as they are (under torchrun too, where each rank has read its
+    share of the pair only: see :func:`load_pair`)."""
+    return may_hand_over(args)
 
 
 def aligned_from_folder(folder: str | Path, like: CanonicalModel, transform: Transform,
@@ -195,10 +217,13 @@ def reference_logits(b: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and B's own logits on them (its folder's class, float64, one block at a time
     read from B's files), for the certificate (computed up front, so that B's stock weights
     can be released before the matching)."""
+    from glmc.io.folders import open_model
     from glmc.verify import folder_logits, random_inputs
 
     x = random_inputs(b.canonical.config)
-    return x, folder_logits(b)(x)
+    # (one rank's share of a glmc folder: the folder as stored, not the canonical state)
+    source = open_model(b.path) if b.importer is None and b.canonical.partial else b
+    return x, folder_logits(source)(x)
 
 
 def summary(args: argparse.Namespace, al: Alignment) -> list[str]:
@@ -260,7 +285,7 @@ def _run(args: argparse.Namespace) -> int:
     phases: dict = {}  # (seconds and peak memory of each phase, in the report)
     hand_over = hands_over(args)
     stamp = folder_stamp(args.b) if hand_over else ()
-    a, b = load_pair(args)
+    a, b = load_pair(args, shares=hand_over)
     clock = phase(phases, "load", t0)
     if is_main():  # (B's weights read from its files one block at a time, in float64)
         reference = reference_logits(b)

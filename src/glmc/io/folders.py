@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from glmc.io.files import (
     write_json,
 )
 from glmc.io.outputs import output_errors
+from glmc.io.partial import read_part
 from glmc.model import CanonicalModel
 from glmc.tensors import StateDict
 
@@ -417,21 +418,46 @@ def open_model(path: str | Path, *, allow_pickle: bool = False,
 
 
 def load_model(path: str | Path, *, allow_pickle: bool = False,
-               dtype: torch.dtype = torch.float32) -> LoadedModel:
+               dtype: torch.dtype = torch.float32,
+               only: Collection[str] | None = None) -> LoadedModel:
     """Read a HF or glmc model folder and bring it to canonical form (exact rewrite).
 
     The tensors are read one at a time from the memory-mapped safetensors files (a sharded
     checkpoint shard by shard, as its index names them), each converted to ``dtype`` where
     the rewrite uses it: the model costs its canonical form in ``dtype`` plus one tensor.
-    A HF folder's ``stock_state`` reads the folder again when asked (no copy is kept)."""
+    A HF folder's ``stock_state`` reads the folder again when asked (no copy is kept).
+
+    ``only``: the canonical tensors to make (one process's share of a matching spread over
+    several, :mod:`glmc.matching.spread`); the others are placeholders of their shapes and
+    dtypes on the meta device, and only the stored tensors the wanted ones are made from
+    are read (:func:`glmc.io.partial.read_part`; ``()``: the model's shapes alone)."""
     m = open_model(path, allow_pickle=allow_pickle, dtype=dtype)
     files = read_side_files(m.path)
     if m.importer is None:
-        state = m.state.materialize() if isinstance(m.state, StoredState) else m.state
+        state = m.state
+        if only is not None:
+            state = {k: (state[k] if k in only
+                         else torch.empty(_shape_of(state, k), dtype=dtype, device="meta"))
+                     for k in state}
+        elif isinstance(state, StoredState):
+            state = state.materialize()
         return LoadedModel(m.path, CanonicalModel(m.config, state, files))
-    canonical = m.importer.to_canonical(m.config, m.state).with_files(files)
+    if only is None:
+        canonical = m.importer.to_canonical(m.config, m.state)
+    elif isinstance(m.state, StoredState):
+        canonical = read_part(lambda s: m.importer.to_canonical(m.config, s), m.state,
+                              m.state.meta, m.state.dtype, only)
+    else:  # (a pickled state dict, in memory already)
+        canonical = read_part(lambda s: m.importer.to_canonical(m.config, s), m.state,
+                              m.state, None, only)
+    canonical = canonical.with_files(files)
     _record_dtype(canonical.config, m.dtype)
     return LoadedModel(m.path, canonical, m.importer, m.config, m.state)
+
+
+def _shape_of(state: Mapping[str, torch.Tensor], key: str) -> torch.Size:
+    """A tensor's shape without reading it (from the header of a :class:`StoredState`)."""
+    return state.meta[key].shape if isinstance(state, StoredState) else state[key].shape
 
 
 def _record_dtype(config: Any, stored: StateDict | str) -> None:

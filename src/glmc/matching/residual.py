@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -30,20 +31,39 @@ def residual_cross(prob: Problem, space: str, bt: StateDict) -> torch.Tensor:
     return m
 
 
-def spectral_init(prob: Problem, space: str, solo: torch.Tensor) -> Element:
-    """Residual map from invariants: T·G_B·Tᵀ = G_A for the Gram matrices of every tensor
-    whose other axes carry only isometric spaces (permutations, orthogonal maps: they leave
-    the Gram matrices alone); the eigenvector signs come from ``solo`` = Σ A·Bᵀ over the
-    tensors that only the residual space touches."""
+def gram_occurrences(prob: Problem, space: str) -> list[tuple[str, int]]:
+    """The (tensor, axis) whose Gram matrices the spectral start sums, in their order: every
+    occurrence of ``space`` whose tensor's other axes carry only isometric spaces
+    (permutations, orthogonal maps: they leave the Gram matrices alone)."""
     spec = prob.spec
+    return [(n, axis) for n, axis, _ in spec.occurrences(space)
+            if all(spec.spaces[s].isometric for s in spec.spaces_of(n) - {space})]
+
+
+def gram(state: Mapping[str, torch.Tensor], key: tuple[str, int]) -> torch.Tensor:
+    """X·Xᵀ of one occurrence's tensor, its axis first (d, d)."""
+    x = axis_first(state[key[0]], key[1])
+    return x @ x.T
+
+
+def grams(prob: Problem, space: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Σ A·Aᵀ and Σ B·Bᵀ over :func:`gram_occurrences`, added in their order (None: none)."""
     ga = gb = None
-    for n, axis, _ in spec.occurrences(space):
-        others = spec.spaces_of(n) - {space}
-        if not all(spec.spaces[s].isometric for s in others):
-            continue
-        a, b = axis_first(prob.A[n], axis), axis_first(prob.B[n], axis)
-        ga = a @ a.T if ga is None else ga + a @ a.T
-        gb = b @ b.T if gb is None else gb + b @ b.T
+    for key in gram_occurrences(prob, space):
+        a, b = gram(prob.A, key), gram(prob.B, key)
+        ga = a if ga is None else ga + a
+        gb = b if gb is None else gb + b
+    return ga, gb
+
+
+def spectral_init(prob: Problem, space: str, solo: torch.Tensor,
+                  summed: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
+                  ) -> Element:
+    """Residual map from invariants: T·G_B·Tᵀ = G_A for the Gram matrices of
+    :func:`gram_occurrences` (``summed``: their sums made elsewhere, e.g. across the ranks;
+    default :func:`grams`); the eigenvector signs come from ``solo`` = Σ A·Bᵀ over the
+    tensors that only the residual space touches."""
+    ga, gb = summed if summed is not None else grams(prob, space)
     d = prob.spec.spaces[space].size
     if ga is None:
         return Matrix(torch.eye(d), True)

@@ -27,10 +27,11 @@ part that does not shrink with more ranks. Units that share tensors (chained lay
 convnets) are solved one after another: every rank then runs the single-process descent by
 itself (the same result on each, no speed-up).
 
-Not spread: loading. Every rank loads both models whole (only the working set beyond them,
-about as much again, is split); each rank reading only its units' tensors would take a loader
-that reads a subset of a folder's tensors, and the spectral start's Grams summed across the
-ranks (the ordered sum again).
+Loading is spread too (:func:`load_pair`, what ``glmc align`` does under torchrun): each rank
+reads only its tensors of both folders (rank 0 also the stream's own tables), the others
+being placeholders of their shapes (``load_model``'s ``only``), and the spectral start's Gram
+sums are added across the ranks in the single process's order (:func:`_grams`). So a rank
+holds about its share of the pair; rank 0 then makes B aligned from B's folder, whole.
 """
 
 from __future__ import annotations
@@ -39,14 +40,16 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 import torch
 
 from glmc import distributed
 from glmc.errors import GlmcError
+from glmc.io.folders import LoadedModel, load_model
 from glmc.matching import workspace
 from glmc.matching.problem import Problem, WeightMatchingOptions, check_pair
-from glmc.matching.residual import ResidualCache, Solo
+from glmc.matching.residual import ResidualCache, Solo, gram, gram_occurrences
 from glmc.matching.weight import (
     Descent,
     Sweeps,
@@ -55,10 +58,11 @@ from glmc.matching.weight import (
     residual_start,
     solved_in_order,
 )
-from glmc.model import CanonicalModel
+from glmc.model import CanonicalModel, fitted
 from glmc.tensors import StateDict, axis_first
 
-__all__ = ["Plan", "SpreadDescent", "plan", "start", "unit_cost"]
+__all__ = ["Plan", "SpreadDescent", "load_pair", "local_tensors", "plan", "start",
+           "unit_cost"]
 
 
 def unit_cost(prob: Problem, unit: str, shapes: Mapping[str, tuple[int, ...]]) -> int:
@@ -153,6 +157,40 @@ def plan(prob: Problem, shapes: Mapping[str, tuple[int, ...]], world: int) -> Pl
     return Plan(world, unit_rank, tensor_rank, names, solo, fresh, cached, direct, costs)
 
 
+def local_tensors(a: CanonicalModel, b: CanonicalModel,
+                  opts: WeightMatchingOptions) -> set[str] | None:
+    """The tensors this rank works on (:meth:`Plan.local`), from the pair's structure and
+    shapes alone (``a`` and ``b`` may be placeholders: ``load_model(..., only=())``); None
+    when every rank needs every tensor (chained units, or a B of other shapes than A's)."""
+    if fitted(a, b) is not b:
+        return None
+    prob = Problem(a, b, opts, only=set())  # (the structure: no tensor is read)
+    if not (prob.independent and prob.units):
+        return None
+    shapes = {n: tuple(t.shape) for n, t in a.state.items()}
+    world = torch.distributed.get_world_size() if distributed.spread() else 1
+    return plan(prob, shapes, world).local(distributed.rank())
+
+
+def load_pair(a: str | Path, b: str | Path, opts: WeightMatchingOptions,
+              allow_pickle: bool = False) -> tuple[LoadedModel, LoadedModel]:
+    """Model folders A and B with only this rank's tensors read (:func:`local_tensors`; the
+    others are placeholders of their shapes, ``load_model``'s ``only``), for weight
+    matching across the ranks: a rank holds about its share of the pair. Its reading
+    errors, like the matching's, stop every rank (rank 0 saying it)."""
+    held: dict = {}
+
+    def load() -> None:
+        names = local_tensors(load_model(a, allow_pickle=allow_pickle, only=()).canonical,
+                              load_model(b, allow_pickle=allow_pickle, only=()).canonical,
+                              opts)
+        held["pair"] = tuple(load_model(m, allow_pickle=allow_pickle, only=names)
+                             for m in (a, b))
+
+    distributed.exchange(load)  # (the models stay on their ranks: only errors are shared)
+    return held["pair"]
+
+
 def _fingerprint(a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions) -> tuple:
     """What every rank must agree on before matching: the pair's tensors (names, shapes,
     dtypes) and the options."""
@@ -175,11 +213,13 @@ def start(a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions,
 
     def checked() -> tuple:
         check_pair(a, b, where)
-        o = opts if opts.fix_ones is not None else replace(opts, fix_ones=fixes_ones(a, b))
-        held["opts"] = o
-        return _fingerprint(a, b, o)
+        # (each rank sees its own tensors' writers: the stream is centred when all are)
+        return _fingerprint(a, b, opts), opts.fix_ones is None and fixes_ones(a, b)
 
-    prints = distributed.exchange(checked)
+    checks = distributed.exchange(checked)
+    prints = [p for p, _ in checks]
+    held["opts"] = opts if opts.fix_ones is not None else replace(
+        opts, fix_ones=all(f for _, f in checks))
     differ = [r for r, p in enumerate(prints) if p != prints[0]]
     if differ:
         error = GlmcError(f"weight matching across ranks: rank {differ[0]} holds another "
@@ -210,6 +250,19 @@ def start(a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions,
     return SpreadDescent.begin(held["prob"], made[0], a.dtype)
 
 
+def _grams(prob: Problem, plan: Plan) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The spectral start's Gram sums (``residual.grams``), each occurrence's Gram made on
+    the rank holding its tensor and added in the single process's order: on rank 0 (None,
+    None elsewhere)."""
+    space = prob.stream
+    assert space is not None
+    order = [(key, plan.tensor_rank.get(key[0], 0)) for key in gram_occurrences(prob, space)]
+    d = prob.spec.spaces[space].size
+    return tuple(distributed.ordered_sum(order, lambda key, s=s: gram(s, key), (d, d),
+                                         prob.dtype)
+                 for s in (prob.A, prob.B))  # type: ignore[return-value]
+
+
 def _occurrence_cross(prob: Problem, bt_all: StateDict, key: tuple[str, int]) -> torch.Tensor:
     """One occurrence's part of the residual cache's direct term (``residual_cross``)."""
     n, axis = key
@@ -233,9 +286,11 @@ class SpreadDescent(Descent):
         el = {s: g.identity(dtype) for s, g in prob.spec.spaces.items()}
         solo: list[Solo] = []  # (rank 0's)
         if prob.stream is not None:
+            summed = _grams(prob, plan) if prob.opts.init == "spectral" else None
+
             def root():
                 solo.append(Solo.of(prob, prob.stream))
-                return residual_start(prob, solo[0], dtype)
+                return residual_start(prob, solo[0], dtype, summed)
 
             el[prob.stream] = distributed.from_root(root)
         prob.release(plan.solo)  # (their term is ⟨T, const⟩ from here on: rank 0's)

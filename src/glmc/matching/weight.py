@@ -125,11 +125,14 @@ def realign_inner(a: CanonicalModel, b: CanonicalModel, transform: Transform,
     return Transform(el)
 
 
-def residual_start(prob: Problem, solo: Solo, dtype: torch.dtype) -> Element:
+def residual_start(prob: Problem, solo: Solo, dtype: torch.dtype,
+                   grams: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
+                   ) -> Element:
     """The residual map's start (``opts.init``): the Gram eigenbases matched ("spectral"), the
-    best map for the tensors only the stream touches ("embeddings"), or the identity."""
+    best map for the tensors only the stream touches ("embeddings"), or the identity.
+    ``grams``: the spectral start's Gram sums, made elsewhere (across the ranks)."""
     if prob.opts.init == "spectral":
-        return spectral_init(prob, prob.stream, solo.const)
+        return spectral_init(prob, prob.stream, solo.const, grams)
     if prob.opts.init == "embeddings":
         return prob.solve_stream(solo.const)
     return prob.stream_group().identity(dtype)

@@ -22,6 +22,7 @@ from glmc.families.transformer.rewrite import (
     centre,
     fold_final_norm,
     fold_norm,
+    lm_head,
     settle_attention_biases,
 )
 from glmc.families.transformer.stock import base_config, require_stock_form
@@ -58,7 +59,7 @@ class GPT2Importer(Importer):
         if not hf_config.tie_word_embeddings:
             return hf_config, state
         cfg = GPT2Config.from_dict({**hf_config.to_dict(), "tie_word_embeddings": False})
-        head = state.get("lm_head.weight", state["transformer.wte.weight"])
+        head = lm_head(state, "transformer.wte.weight")
         return cfg, {**state, "lm_head.weight": head}
 
     def to_canonical(self, hf_config: Any, state: StateDict) -> CanonicalModel:
@@ -89,7 +90,7 @@ class GPT2Importer(Importer):
             out[f"{m}.proj.weight"] = centre(s[f"{p}.mlp.c_proj.weight"].T, 0).contiguous()
             out[f"{m}.proj.bias"] = centre(s[f"{p}.mlp.c_proj.bias"], 0)
         settle_attention_biases(out, c.n_layer)
-        head = s.get("lm_head.weight", s[f"{t}.wte.weight"])
+        head = lm_head(s, f"{t}.wte.weight")
         out |= fold_final_norm(head, s[f"{t}.ln_f.weight"], s[f"{t}.ln_f.bias"])
         norm_f_bias = "norm_f.bias" in out
         cfg = base_config(

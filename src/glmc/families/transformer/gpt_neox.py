@@ -24,7 +24,7 @@ import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 from glmc.families.importers import Importer, NotRepresentable
-from glmc.families.transformer.rewrite import centre, fold_final_norm, fold_norm
+from glmc.families.transformer.rewrite import centre, fold_final_norm, fold_norm, lm_head
 from glmc.families.transformer.stock import (
     base_config,
     check_activation,
@@ -72,7 +72,7 @@ class GPTNeoXImporter(Importer):
         if not hf_config.tie_word_embeddings:
             return hf_config, state
         cfg = GPTNeoXConfig.from_dict({**hf_config.to_dict(), "tie_word_embeddings": False})
-        head = state.get("lm_head.weight", state["gpt_neox.embed_in.weight"])
+        head = lm_head(state, "gpt_neox.embed_in.weight")
         return cfg, {**state, "lm_head.weight": head}
 
     def to_canonical(self, hf_config: Any, state: StateDict) -> CanonicalModel:
@@ -109,7 +109,7 @@ class GPTNeoXImporter(Importer):
             out[f"{m}.fc.weight"], out[f"{m}.fc.bias"] = centre(w, 1), b
             out[f"{m}.proj.weight"] = centre(s[f"{p}.mlp.dense_4h_to_h.weight"], 0)
             out[f"{m}.proj.bias"] = centre(s[f"{p}.mlp.dense_4h_to_h.bias"], 0)
-        head = s.get("lm_head.weight", s[f"{t}.embed_in.weight"])
+        head = lm_head(s, f"{t}.embed_in.weight")
         final = fold_final_norm(head, s[f"{t}.final_layer_norm.weight"],
                                 s[f"{t}.final_layer_norm.bias"])
         out |= final

@@ -29,6 +29,7 @@ from transformers import (
 
 from glmc.errors import GlmcError
 from glmc.families.importers import Importer, NotRepresentable
+from glmc.families.transformer.rewrite import lm_head
 from glmc.families.transformer.stock import (
     base_config,
     check_activation,
@@ -82,7 +83,7 @@ class DecoderImporter(Importer):
             return hf_config, state
         cfg = self.hf_config_class.from_dict({**hf_config.to_dict(),
                                               "tie_word_embeddings": False})
-        head = state.get("lm_head.weight", state["model.embed_tokens.weight"])
+        head = lm_head(state, "model.embed_tokens.weight")
         return cfg, {**state, "lm_head.weight": head}
 
     # -- what the three differ in ---------------------------------------------------------
@@ -121,7 +122,7 @@ class DecoderImporter(Importer):
                 out[f"{m}.{ours}.weight"] = w if gain is None else w * gain[None, :]
                 if biased["mlp"]:
                     out[f"{m}.{ours}.bias"] = s[f"{p}.mlp.{theirs}_proj.bias"]
-        head = s.get("lm_head.weight", s["model.embed_tokens.weight"])
+        head = lm_head(s, "model.embed_tokens.weight")
         out["head.weight"] = head * s["model.norm.weight"][None, :]
         cfg = base_config(
             c, "causal_lm", d_model=c.hidden_size, n_layer=c.num_hidden_layers, n_head=h,
