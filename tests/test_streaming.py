@@ -247,6 +247,38 @@ def test_a_pair_that_fits_is_not_refused(h, tmp_path, monkeypatch):
     glmc.io.outputs.check_pair_memory(tmp_path / "a", tmp_path / "b")
 
 
+@pytest.mark.parametrize("command", ["merge", "barrier"])
+def test_n_models_that_do_not_fit_in_memory_are_refused_before_loading(h, tmp_path, monkeypatch,
+                                                                      capsys, command):
+    """Three models: their float32 copies and the frame's working set (at least
+    ``FRAME_COPIES``) against MemAvailable, one line, exit 2, nothing loaded or written;
+    universe matching needs more than MergeMany, and says MergeMany would need less."""
+    for name, seed in (("a", 0), ("b", 1), ("c", 2)):
+        save_decoder(h, tmp_path / name, seed)
+    folders = [str(tmp_path / n) for n in "abc"]
+    n = glmc.io.outputs.stored_params(tmp_path / "a")
+
+    def need(frame: str) -> int:
+        per_model, fixed = glmc.io.outputs.FRAME_COPIES[frame]
+        return (4 * 3 * n + int(4 * (per_model * 3 * n + fixed * n))
+                + glmc.io.outputs.RUNTIME_BYTES)
+
+    assert need("universe") > need("mergemany") > need("star")
+    monkeypatch.setattr(glmc.io.outputs, "available_memory", lambda: need("mergemany"))
+    glmc.io.outputs.check_models_memory(folders, "mergemany")  # (it fits)
+    monkeypatch.setattr(glmc.io.folders, "load_model", _no_work)
+    out = tmp_path / "out"
+    args = [command, *folders, "--frame", "universe"]
+    capsys.readouterr()
+    rc = main(args + (["-o", str(out)] if command == "merge" else ["--data", "shakespeare"]))
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"glmc {command}: error: the 3 models "), err
+    assert "(universe frame)" in lines[0] and "--frame mergemany" in lines[0], lines[0]
+    assert not out.exists() and sorted(os.listdir(tmp_path)) == ["a", "b", "c"]
+
+
 def test_a_pair_spread_over_ranks_needs_each_machine_s_share(h, tmp_path, monkeypatch):
     """Weight matching across 8 ranks, one per machine: a machine holds an eighth of the
     pair and of its copies (plus its own runtime and largest tensors); rank 0's machine,
@@ -398,3 +430,25 @@ def test_a_share_of_a_glmc_folder_reads_only_its_tensors(tmp_path, monkeypatch):
     assert sorted(read) == sorted(only)
     assert all(torch.equal(part.state[n], full.state[n]) for n in only)
     assert all(t.is_meta for n, t in part.state.items() if n not in only)
+
+
+def test_a_read_tensor_updated_in_place_by_an_unread_one_is_refused_to_the_placeholders():
+    """A placeholder cannot write its (absent) values into a read tensor, whose other
+    references would keep the old ones: every in-place form raises ``Unreadable`` (the
+    conversion then runs whole); a placeholder updated in place carries the sources of
+    what was written into it, and an operation with one gives one."""
+    from glmc.io.partial import Absent, Unreadable, placeholder
+
+    w = placeholder(torch.empty(3, 4, device="meta"), ["w"])
+    real = torch.randn(3, 4)
+    for update in (lambda: real.add_(w), lambda: real.__iadd__(w),
+                   lambda: real.__setitem__(0, w[0]), lambda: torch.add(real, w, out=real),
+                   lambda: real.copy_(w)):
+        with pytest.raises(Unreadable):
+            update()
+    x = placeholder(torch.empty(3, 4, device="meta"), ["x"])
+    x.add_(w)
+    assert isinstance(x, Absent) and x.sources == {"x", "w"}
+    y = (real * x[:, :2].sum(1, keepdim=True)).T
+    assert isinstance(y, Absent) and y.sources == {"x", "w"} and y.shape == (4, 3)
+    assert isinstance(real * 2, torch.Tensor) and not isinstance(real * 2, Absent)

@@ -162,7 +162,8 @@ def alignment_options(args: argparse.Namespace, vocab_size: int | None = None, *
 
 def check_many_method(args: argparse.Namespace) -> None:
     """Three models or more: a method for N models (weight matching, then learned) with its
-    data and options, one process, and ``--weights`` parsed into ``args.weight_list``."""
+    data and options, one process, ``--weights`` parsed into ``args.weight_list``, and the
+    memory they need (at least) available."""
     import os
 
     from glmc.matching.options import MANY_METHODS, simplex_weights
@@ -185,3 +186,6 @@ def check_many_method(args: argparse.Namespace) -> None:
             raise GlmcError(f"--weights {args.weights!r}: give numbers separated by commas, "
                             "e.g. 0.5,0.25,0.25") from None
         simplex_weights(args.weight_list, n, "--weights")
+    from glmc.io.outputs import check_models_memory
+
+    check_models_memory(args.models, getattr(args, "frame", "mergemany"))

@@ -49,8 +49,12 @@ class Absent(torch.Tensor):
         kwargs = kwargs or {}
         sources: set[str] = set()
         name = getattr(func, "__name__", "")
-        in_place = name == "__setitem__" or (name.endswith("_") and not name.endswith("__"))
-        if in_place and args and not isinstance(args[0], Absent):
+        # (x.add_(y), x[i] = y, x += y, torch.f(..., out=x): x would keep its values)
+        in_place = (name == "__setitem__" or (name.startswith("__i") and name.endswith("__"))
+                    or (name.endswith("_") and not name.endswith("__")))
+        if (in_place and args and not isinstance(args[0], Absent)) or (
+                isinstance(kwargs.get("out"), torch.Tensor)
+                and not isinstance(kwargs["out"], Absent)):
             raise Unreadable(f"{name} of a read tensor by an unread one")
 
         def strip(x: Any) -> Any:
