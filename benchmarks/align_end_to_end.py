@@ -6,6 +6,7 @@ independently initialised models written as transformers writes them.
     python benchmarks/align_end_to_end.py --cases gpt2-small --threads 2
     python benchmarks/align_end_to_end.py --cache /data/glmc-cache --out results.json
     python benchmarks/align_end_to_end.py --without-matching --max-rss-gb 13
+    python benchmarks/align_end_to_end.py --write   # and writing B aligned: whole, in parts
 
 Cases (generated with a fixed seed per model, never downloaded, cached under ``--cache``):
 
@@ -214,6 +215,55 @@ def without_matching(a: str, b: str, out: str) -> None:
                    started=t0, phases=phases)
 
 
+def write_aligned(b: str, out: str, mode: str) -> None:
+    """Only the write of B aligned, as ``glmc align`` does it after a handed-over matching
+    (``mode``: "parts", part by part from B's folder; "whole", B moved in memory, then
+    written): B's shapes from its folder, the transform from ``out`` (an earlier run's).
+    Prints the seconds it took."""
+    import torch
+
+    from glmc.io.folders import load_model, write_model
+    from glmc.io.moved import Moved
+    from glmc.symmetry.transform import Transform
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    like = load_model(b, only=()).canonical
+    moved = Moved(Path(b), like, Transform.load(Path(out) / "transform.safetensors"))
+    folder = Path(out) / f"written-{mode}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    t0 = time.perf_counter()
+    if mode == "parts":
+        fmt = write_model(folder, moved.skeleton(), parts=moved)
+    else:
+        fmt = write_model(folder, moved.whole(), release=True)
+    print(json.dumps({"seconds": round(time.perf_counter() - t0, 2), "format": fmt}))
+    shutil.rmtree(folder)
+
+
+def write_rows(case: str, cache: Path, threads: int) -> list[dict[str, Any]]:
+    """Writing B aligned, whole and part by part, each in a process of its own (its peak
+    RSS: the process's imports and B's shapes beside the write), from the transform of the
+    case's last run (kept in the cache by ``--keep``)."""
+    _, b = cached_pair(case, cache, threads)
+    out = cache / case / "aligned"
+    if not (out / "transform.safetensors").is_file():
+        raise SystemExit(f"{out}: no transform to write with (run the case with --keep)")
+    rows = []
+    for mode in ("whole", "parts"):
+        argv = [sys.executable, __file__, "--write-aligned", str(b), str(out), mode]
+        proc = subprocess.Popen(argv, env=_env(threads), stdout=subprocess.PIPE, text=True)
+        stdout = proc.stdout.read()  # type: ignore[union-attr]
+        _, status, usage = os.wait4(proc.pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"writing {case} {mode} failed")
+        rows.append({"case": case, "mode": mode, **json.loads(stdout.strip().splitlines()[-1]),
+                     "peak_rss_gb": _peak_rss_gb(usage), **provenance()})
+        print(f"write B aligned, {case}, {mode}: {rows[-1]['seconds']} s, "
+              f"{rows[-1]['peak_rss_gb']} GB", flush=True)
+    return rows
+
+
 def _peak_rss_gb(usage: Any) -> float | None:
     if usage is None:
         return None
@@ -286,12 +336,20 @@ def main() -> None:
     ap.add_argument("--without-matching", action="store_true",
                     help="also time the command's steps other than weight matching (the "
                     "identity for the transform), as a row of its own")
+    ap.add_argument("--write", action="store_true",
+                    help="also time writing B aligned alone, whole and part by part, from "
+                    "the transform of each case's run (implies --keep)")
     ap.add_argument("--generate", nargs=3, metavar=("CASE", "SEED", "FOLDER"),
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--write-aligned", nargs=3, metavar=("B", "OUT", "MODE"),
                     help=argparse.SUPPRESS)
     args, rest = ap.parse_known_args()
     if args.generate:
         case, seed, folder = args.generate
         generate(case, int(seed), Path(folder))
+        return
+    if args.write_aligned:
+        write_aligned(*args.write_aligned)
         return
     if args.without_matching and len(rest) == 3:  # (the child process of that row)
         without_matching(*rest)
@@ -304,6 +362,7 @@ def main() -> None:
         raise SystemExit(f"unknown case {unknown[0]} (one of {', '.join(CASES)})")
     previous = json.loads(args.out.read_text()) if args.out.is_file() else {}
     rows = {r["case"]: r for r in previous.get("rows", [])}
+    writes = {(r["case"], r["mode"]): r for r in previous.get("writes", [])}
     runs = [(case, True) for case in cases]
     if args.without_matching:
         runs = [(case, m) for case in cases for m in (False, True)]
@@ -312,12 +371,15 @@ def main() -> None:
         if limit is None:
             available = _available_gb()
             limit = None if available is None else round(available - 1.0, 1)
-        row = run_case(case, args.cache, args.threads, args.keep, args.glmc_args.split(),
-                       max_rss_gb=limit, matching=matching)
+        row = run_case(case, args.cache, args.threads, args.keep or args.write,
+                       args.glmc_args.split(), max_rss_gb=limit, matching=matching)
         rows[row["case"]] = row
         print(table([row]), flush=True)
+        if args.write and matching and row["rc"] == 0:
+            writes |= {(r["case"], r["mode"]): r
+                       for r in write_rows(case, args.cache, args.threads)}
         write_json(args.out, {"benchmark": "align_end_to_end", "machine": machine(),
-                              "rows": _ordered(rows)})
+                              "rows": _ordered(rows), "writes": list(writes.values())})
     print()
     print(table(_ordered(rows)))
     print(f"\nwrote {args.out}")

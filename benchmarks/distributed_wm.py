@@ -25,7 +25,10 @@
    float32, rank 0 the embeddings and heads besides (only the stream touches them), plus
    the working set split across ranks: A's weighted copies and B moved (one model each,
    less the embeddings), the residual cache's d x d float64 per MLP matrix, each worker's
-   f x f cost buffers (12 B per entry). Then rank 0 writes B aligned: B whole in float32.
+   f x f cost buffers (12 B per entry). Then rank 0 writes B aligned part by part
+   (``glmc.io.moved``): a part of at most ``PART_BYTES`` of canonical tensors, or one
+   output tensor's (the embedding), made, moved and exported (three copies), then the
+   certificate's float64 block (``BLOCK_PARAMS``, or the embedding table) and runtime.
 4. A real run: one process (one thread) vs two ranks (torchrun, one thread each) on a small
    GPT-2 pair read from stock folders as ``glmc align`` reads them (each rank its share,
    handed over to weight matching): seconds of loading and of weight matching in each,
@@ -46,6 +49,10 @@ import time
 from pathlib import Path
 
 from _common import machine, provenance, write_json
+
+from glmc.io.moved import PART_BYTES
+from glmc.io.outputs import RUNTIME_BYTES
+from glmc.verify import BLOCK_PARAMS
 
 #: The measured shapes: name -> (layers, d, heads, kv heads, MLP, vocab)
 MEASURED = {"7b-like": (2, 1024, 8, 8, 2752, 256), "70b-like": (2, 1024, 8, 1, 3584, 256)}
@@ -185,7 +192,8 @@ def estimate(target: str, measured: dict, svd_exponent: float) -> dict:
         working = (weighted + caches) / machines + CORES * buffers + prefetch
         matching = (models + working if machines == 1
                     else models / machines + embeddings + working)
-        writing = models / 2  # (rank 0: B aligned whole, in float32)
+        writing = (3 * max(PART_BYTES / gb, vocab * d * 4 / gb)  # (rank 0, part by part)
+                   + max(BLOCK_PARAMS, vocab * d) * 8 / gb + RUNTIME_BYTES / gb)
         rows[machines] = {
             "per_iteration_s": round(per_iter, 1), "units_s": round(units, 1),
             "residual_s": round(residual, 1), "communication_s": round(hops, 1),

@@ -1,6 +1,7 @@
 """``glmc align`` hands the pair over to weight matching: the models' tensors are freed as the
-matching stops reading them and B aligned is made from B's folder read again, with the same
-transform and the same written weights, bit for bit, as aligning the models kept in memory.
+matching stops reading them and B aligned is made from B's folder read again (part by part as
+it is written: ``tests/test_moved.py``), with the same transform and the same written
+weights, bit for bit, as aligning the models kept in memory.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from safetensors.torch import load_file
 
 import glmc
 import glmc.cli.align
-from glmc.cli.align import aligned_from_folder
 from glmc.cli.main import main
 from glmc.io.folders import folder_stamp, load_model
+from glmc.io.moved import Moved
 from glmc.matching.problem import Problem
 from glmc.matching.weight import Descent, WeightMatchingOptions, fixes_ones
 from glmc.methods import AlignOptions
@@ -64,7 +65,7 @@ def test_a_handed_over_pair_aligns_as_one_kept_in_memory(h, tmp_path, arch, meth
     assert [{k: v for k, v in row.items() if "seconds" not in k}
             for row in over.match.trace] == strip
     assert over.match.init_distance == kept.match.init_distance
-    aligned = aligned_from_folder(fb, over.b, over.transform, folder_stamp(fb))
+    aligned = Moved(fb, over.b, over.transform, folder_stamp(fb)).whole()
     assert aligned.state.keys() == kept.aligned.state.keys()
     for name, t in kept.aligned.state.items():
         assert torch.equal(aligned.state[name], t), name
@@ -106,31 +107,22 @@ def test_the_handed_over_tensors_are_freed_as_the_matching_stops_reading_them(h,
     assert descent.init_distance == Descent.start(kept, torch.float32).init_distance
 
 
-def test_a_folder_changed_since_it_was_loaded_is_not_read_again(h, tmp_path):
-    fa, fb = save_pair(h, tmp_path, "gpt2")
-    stamp = folder_stamp(fb)
-    over = glmc.align(load_model(fa), load_model(fb), max_iter=1, hand_over=True)
-    h.make_tiny("gpt2", seed=2, tied=False).stock.float().save_pretrained(str(fb))
-    with pytest.raises(glmc.errors.GlmcError, match="changed on disk since it was loaded"):
-        aligned_from_folder(fb, over.b, over.transform, stamp)
-
-
 @pytest.mark.parametrize("arch", PAIRS)
 def test_align_writes_the_same_folder_handed_over(h, tmp_path, arch, monkeypatch):
     """``glmc align`` (handed over) and the same command with the models kept in memory
     write the same weights and the same transform, in the stored dtype (bfloat16)."""
     fa, fb = save_pair(h, tmp_path, arch, dtype=torch.bfloat16)
     calls = []
-    made = glmc.cli.align.aligned_from_folder
-    monkeypatch.setattr(glmc.cli.align, "aligned_from_folder",
-                        lambda *args: calls.append(args[0]) or made(*args))
+    made = Moved.write_stock
+    monkeypatch.setattr(Moved, "write_stock",
+                        lambda self, *args: calls.append(self.folder) or made(self, *args))
     assert main(["align", str(fa), str(fb), "-o", str(tmp_path / "over"), "--iters", "3",
                  "--json"]) == 0
-    assert calls == [str(fb)]  # (B read again: it was handed over)
+    assert calls == [fb]  # (B read again, part by part: it was handed over)
     monkeypatch.setattr(glmc.cli.align, "hands_over", lambda args: False)
     assert main(["align", str(fa), str(fb), "-o", str(tmp_path / "kept"), "--iters", "3",
                  "--json"]) == 0
-    assert calls == [str(fb)]
+    assert calls == [fb]
     for name in ("model.safetensors", "transform.safetensors"):
         over, kept = (load_file(str(tmp_path / d / name)) for d in ("over", "kept"))
         assert over.keys() == kept.keys()

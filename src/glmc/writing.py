@@ -20,6 +20,7 @@ from glmc.io.folders import (
     TRAIN_FILE,
     LoadedModel,
     ModelLike,
+    Parts,
     canonical,
     load_model,
     save_folder,
@@ -39,7 +40,8 @@ def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool
          report: dict | None = None, transform: Transform | None = None,
          stock_state: tuple[Any, StateDict] | None = None,
          certify: Callable[[Path], dict] | None = None, release: bool = False,
-         started: float | None = None, phases: dict | None = None) -> dict:
+         started: float | None = None, phases: dict | None = None,
+         parts: Parts | None = None) -> dict:
     """Write a model folder as the command line does, and return its report.
 
     ``model``: a merged or aligned model (CanonicalModel) or a loaded one. The folder holds
@@ -57,6 +59,9 @@ def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool
     back: the two are never in memory together. ``phases``: a dict of the phases so far
     (:func:`glmc.io.folders.phase`), to which writing and certifying are added; written
     into the report.
+
+    ``parts``: the model is made and written part by part (:class:`glmc.io.moved.Moved`:
+    B aligned from its folder), ``model`` giving its config, files and shapes.
     """
     m = canonical(model).to(torch.float32)
     check_output(path, model_bytes(m.n_params()), force=force, option="path",
@@ -67,7 +72,7 @@ def save(model: ModelLike, path: str | Path, *, force: bool = False, stock: bool
     del model
     return save_folder(path, m, stock=stock, report=report, transform=transform,
                        stock_state=stock_state, certify=certify, release=release,
-                       started=started, phases=phases)
+                       started=started, phases=phases, parts=parts)
 
 
 def model_facts(model: ModelLike, m: CanonicalModel) -> dict[str, Any]:
@@ -100,8 +105,10 @@ def save_certified(model: CanonicalModel, path: str | Path, report: dict,
                    reference: tuple[torch.Tensor, torch.Tensor], *,
                    transform: Transform | None = None, force: bool = False,
                    stock: bool = True, release: bool = False,
-                   started: float | None = None, phases: dict | None = None) -> dict:
-    """Write ``model`` (see :func:`save`, also for ``release``, ``started`` and ``phases``)
+                   started: float | None = None, phases: dict | None = None,
+                   parts: Parts | None = None) -> dict:
+    """Write ``model`` (see :func:`save`, also for ``release``, ``started``, ``phases`` and
+    ``parts``)
     with ``report`` plus the certificate that the folder as written computes ``reference`` =
     (inputs, the logits it must give), taken before the folder takes its name; returns the
     report. An aligned B must give B's logits, a canonical form its input's; where the
@@ -113,7 +120,7 @@ def save_certified(model: CanonicalModel, path: str | Path, report: dict,
                           transform.elements)
     return save(model, path, force=force, stock=stock, report=report, transform=transform,
                 certify=lambda folder: certify_folder(folder, x, want), release=release,
-                started=started, phases=phases)
+                started=started, phases=phases, parts=parts)
 
 
 def certify_saved(path: str | Path, report: dict, reference: tuple[torch.Tensor, torch.Tensor],

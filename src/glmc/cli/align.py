@@ -33,8 +33,6 @@ if TYPE_CHECKING:  # (torch and the library load when a command runs: --help sta
 
     from glmc.api import Alignment
     from glmc.io.folders import LoadedModel
-    from glmc.model import CanonicalModel
-    from glmc.symmetry.transform import Transform
 
 
 def check_pair_options(args: argparse.Namespace) -> None:
@@ -65,15 +63,14 @@ def check_pair_options(args: argparse.Namespace) -> None:
 
 def spread_ranks(args: argparse.Namespace, merging: bool) -> dict:
     """Under torchrun, where align's ranks each read a share of the pair: this machine's
-    processes and all of them, and whether this machine writes OUT (rank 0's does), for the
-    memory estimate (:func:`glmc.io.outputs.pair_memory`); else nothing."""
+    processes and all of them, for the memory estimate
+    (:func:`glmc.io.outputs.pair_memory`); else nothing."""
     import os
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1 or merging or not may_hand_over(args):
         return {}
-    return {"ranks": (int(os.environ.get("LOCAL_WORLD_SIZE", "1")), world),
-            "writes": os.environ.get("GROUP_RANK", "0") == "0"}
+    return {"ranks": (int(os.environ.get("LOCAL_WORLD_SIZE", "1")), world)}
 
 
 def load_pair(args: argparse.Namespace, keep_stock: bool = False,
@@ -183,29 +180,11 @@ def may_hand_over(args: argparse.Namespace) -> bool:
 def hands_over(args: argparse.Namespace) -> bool:
     """Whether align hands the pair over to weight matching (``AlignOptions.hand_over``),
     which frees the models' tensors as it goes (the same transform, bit for bit); B aligned
-    is then made from B's folder read again (:func:`aligned_from_folder`). So for the
-    weight methods on heads as they are (under torchrun too, where each rank has read its
-    share of the pair only: see :func:`load_pair`)."""
+    is then made from B's folder read again, part by part as it is written
+    (:class:`glmc.io.moved.Moved`). So for the weight methods on heads as they are (under
+    torchrun too, where each rank has read its share of the pair only: see
+    :func:`load_pair`)."""
     return may_hand_over(args)
-
-
-def aligned_from_folder(folder: str | Path, like: CanonicalModel, transform: Transform,
-                        stamp: tuple = (), allow_pickle: bool = False) -> CanonicalModel:
-    """B aligned: B's folder read again (tensor by tensor, as loading reads it) and moved by
-    ``transform`` one tensor at a time, so that it costs one model and one tensor, after the
-    matching that B was handed over to has freed its own copies. ``like``: B as the matching
-    had it (its config and the files it carries; its state emptied). ``stamp``: the folder's
-    :func:`~glmc.io.folders.folder_stamp` when it was first read (a folder rewritten since
-    is an error: the transform is another model's)."""
-    from glmc.errors import GlmcError
-    from glmc.io.folders import folder_stamp, load_model
-
-    if stamp and folder_stamp(folder) != stamp:
-        raise GlmcError(f"{folder}: changed on disk since it was loaded; align again")
-    from glmc.model import fitted
-
-    b = fitted(like, load_model(folder, allow_pickle=allow_pickle).canonical, str(folder))
-    return like.with_state(transform.apply(b.spec, b.state, consume=True))
 
 
 def drop_checkpoint(args: argparse.Namespace) -> None:
@@ -280,6 +259,7 @@ def _run(args: argparse.Namespace) -> int:
     from glmc.api import save_certified
     from glmc.distributed import is_main
     from glmc.io.folders import folder_stamp, phase
+    from glmc.io.moved import Moved
 
     t0 = time.perf_counter()
     phases: dict = {}  # (seconds and peak memory of each phase, in the report)
@@ -297,21 +277,24 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     report = al.report() | {"a": str(args.a), "b": str(args.b)}
     lines, transform = summary(args, al), al.transform
-    # (handed over, the models are empty: B aligned is made from its folder once the
-    # matching's copies are freed; else it is in memory)
-    like, aligned = (al.b, None) if hand_over else (None, al.aligned.to(torch.float32))
+    # (handed over, the models are empty: B aligned is made from its folder part by part
+    # as it is written, once the matching's copies are freed; else it is in memory)
+    moved = Moved(Path(args.b), al.b, transform, stamp, args.allow_pickle) if hand_over \
+        else None
+    aligned = None if hand_over else al.aligned.to(torch.float32)
     del al, a, b  # (released before OUT is written and read back for the certificate)
     release_memory()
-    if aligned is None:
-        aligned = aligned_from_folder(args.b, like, transform, stamp, args.allow_pickle)
-        del like
+    parts = None
+    if moved is not None:  # (a narrower B is embedded into A's widths whole)
+        aligned = moved.skeleton()
+        aligned, parts = (moved.whole(), None) if aligned is None else (aligned, moved)
     clock = phase(phases, "match", clock)
     # (release: the written model is dropped as it is written, before the temporary folder
     # is certified, so that it is not in memory beside its read-back copy; OUT takes its
     # name only then)
     report = save_certified(aligned, args.out, report, reference, transform=transform,
                             force=args.force, stock=not args.no_stock, release=True,
-                            started=t0, phases=phases)
+                            started=t0, phases=phases, parts=parts)
     drop_checkpoint(args)
     print_warnings(report.get("warnings", []))
     ok = report["certificate"]["equal"]

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -432,32 +432,41 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
     dtypes on the meta device, and only the stored tensors the wanted ones are made from
     are read (:func:`glmc.io.partial.read_part`; ``()``: the model's shapes alone)."""
     m = open_model(path, allow_pickle=allow_pickle, dtype=dtype)
-    files = read_side_files(m.path)
+    canonical = canonical_of(m, only).with_files(read_side_files(m.path))
     if m.importer is None:
-        state = m.state
-        if only is not None:
-            state = {k: (state[k] if k in only
-                         else torch.empty(_shape_of(state, k), dtype=dtype, device="meta"))
-                     for k in state}
-        elif isinstance(state, StoredState):
-            state = state.materialize()
-        return LoadedModel(m.path, CanonicalModel(m.config, state, files))
-    if only is None:
-        canonical = m.importer.to_canonical(m.config, m.state)
-    elif isinstance(m.state, StoredState):
-        canonical = read_part(lambda s: m.importer.to_canonical(m.config, s), m.state,
-                              m.state.meta, m.state.dtype, only)
-    else:  # (a pickled state dict, in memory already)
-        canonical = read_part(lambda s: m.importer.to_canonical(m.config, s), m.state,
-                              m.state, None, only)
-    canonical = canonical.with_files(files)
-    _record_dtype(canonical.config, m.dtype)
+        return LoadedModel(m.path, canonical)
     return LoadedModel(m.path, canonical, m.importer, m.config, m.state)
 
 
-def _shape_of(state: Mapping[str, torch.Tensor], key: str) -> torch.Size:
-    """A tensor's shape without reading it (from the header of a :class:`StoredState`)."""
-    return state.meta[key].shape if isinstance(state, StoredState) else state[key].shape
+def canonical_of(m: StoredModel, only: Collection[str] | None = None) -> CanonicalModel:
+    """The canonical form of the stored model ``m`` (see :func:`load_model`, also for
+    ``only``), without the files beside its weights."""
+    state = m.state
+    if m.importer is None:
+        if only is not None:
+            state = {k: state[k] if k in only else _unread(state, k) for k in state}
+        elif isinstance(state, StoredState):
+            state = state.materialize()
+        return CanonicalModel(m.config, state)
+    if only is None:
+        canonical = m.importer.to_canonical(m.config, state)
+    elif isinstance(state, StoredState):
+        canonical = read_part(lambda s: m.importer.to_canonical(m.config, s), state,
+                              state.meta, state.dtype, only)
+    else:  # (a pickled state dict, in memory already)
+        canonical = read_part(lambda s: m.importer.to_canonical(m.config, s), state, state,
+                              None, only)
+    _record_dtype(canonical.config, m.dtype)
+    return canonical
+
+
+def _unread(state: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
+    """A placeholder on the meta device of tensor ``key`` as it would be read (from the
+    header of a :class:`StoredState`: its shape, in the dtype it is read in)."""
+    if isinstance(state, StoredState):
+        m = state.meta[key]
+        return torch.empty(m.shape, dtype=state.dtype or m.dtype, device="meta")
+    return torch.empty_like(state[key], device="meta")
 
 
 def _record_dtype(config: Any, stored: StateDict | str) -> None:
@@ -514,9 +523,18 @@ def write_stock(folder: Path, importer: Importer, model: CanonicalModel,
     write_hf(folder, hf_config, state, dtype=dtype, release=release)
 
 
+class Parts(Protocol):
+    """A model written part by part, never whole in memory (:class:`glmc.io.moved.Moved`):
+    as its stock class (raising NotRepresentable, nothing left written) or a glmc folder."""
+
+    def write_stock(self, folder: Path, importer: Importer) -> None: ...
+
+    def write_glmc(self, folder: Path) -> None: ...
+
+
 def write_model(folder: Path, model: CanonicalModel, stock: bool = True,
                 stock_state: tuple[Any, StateDict] | None = None,
-                release: bool = False) -> str:
+                release: bool = False, parts: Parts | None = None) -> str:
     """Write ``model`` into an existing (temporary) folder: stock when representable, with
     the files it carries (tokenizer, generation config).
 
@@ -528,6 +546,9 @@ def write_model(folder: Path, model: CanonicalModel, stock: bool = True,
     written no longer needs them (its state is empty afterwards), so that writing holds at
     most the model and its stock form at once, never a third copy in the stored dtype.
 
+    ``parts``: the model's tensors are made and written part by part by ``parts``
+    (``model`` gives its config, files and shapes: its tensors may be placeholders).
+
     Returns the format written, "hf" or "glmc", and why not stock in the second case.
     """
     for name, text in model.files.items():
@@ -535,19 +556,29 @@ def write_model(folder: Path, model: CanonicalModel, stock: bool = True,
     if stock and stock_state is not None:
         write_hf(folder, *stock_state, dtype=stored_dtype(model))
         return "hf"
+
+    def as_glmc() -> None:
+        if parts is not None:
+            parts.write_glmc(folder)
+        else:
+            write_glmc(folder, model, release=release)
+
     if model.family.canonical_is_stock:  # (a glmc folder is the family's own format)
-        write_glmc(folder, model, release=release)
+        as_glmc()
         return "glmc"
     arch = model.config.source.get("arch")
     if stock and arch:
         try:
-            write_stock(folder, importer_for(arch), model, release=release)
+            if parts is not None:
+                parts.write_stock(folder, importer_for(arch))
+            else:
+                write_stock(folder, importer_for(arch), model, release=release)
             return "hf"
         except NotRepresentable as e:
             reason = str(e)
     else:
         reason = "stock export not requested"
-    write_glmc(folder, model, release=release)
+    as_glmc()
     return f"glmc ({reason})"
 
 
@@ -555,11 +586,13 @@ def save_folder(out: str | Path, model: CanonicalModel, *, stock: bool = True,
                 report: dict | None = None, transform: Any = None,
                 stock_state: tuple[Any, StateDict] | None = None,
                 certify: Callable[[Path], dict] | None = None, release: bool = False,
-                started: float | None = None, phases: dict | None = None) -> dict:
+                started: float | None = None, phases: dict | None = None,
+                parts: Parts | None = None) -> dict:
     """Write ``out`` atomically: the model (see :func:`write_model`, also for
-    ``stock_state``), the transform when given, and ``glmc_report.json`` (``report`` plus the
-    format written, the ``notes`` of :func:`written_notes`, ``certify(folder)``'s certificate
-    of the folder as written, and the ``seconds`` since ``started``, a ``time.perf_counter()``;
+    ``stock_state`` and ``parts``), the transform when given, and ``glmc_report.json``
+    (``report`` plus the format written, the ``notes`` of :func:`written_notes`,
+    ``certify(folder)``'s certificate of the folder as written, and the ``seconds`` since
+    ``started``, a ``time.perf_counter()``;
     all before the folder takes its name: ``out`` never exists without its certificate).
 
     ``release``: ``model`` is handed over; its tensors are dropped as they are written (see
@@ -574,7 +607,8 @@ def save_folder(out: str | Path, model: CanonicalModel, *, stock: bool = True,
     """
     clock = time.perf_counter()
     with output_errors(out), atomic_dir(out) as tmp:
-        fmt = write_model(tmp, model, stock=stock, stock_state=stock_state, release=release)
+        fmt = write_model(tmp, model, stock=stock, stock_state=stock_state, release=release,
+                          parts=parts)
         if transform is not None:
             transform.save(tmp / TRANSFORM)
         report = {"format": fmt, **(report or {})}

@@ -196,7 +196,7 @@ def available_memory() -> int | None:
 
 
 def pair_memory(a: str | Path, b: str | Path, extra_copies: float = MATCHING_COPIES,
-                ranks: tuple[int, int] = (1, 1), writes: bool = True) -> tuple[int, int] | None:
+                ranks: tuple[int, int] = (1, 1)) -> tuple[int, int] | None:
     """What aligning model folder B to A holds at its peak, from the safetensors headers
     alone: (both models in float32, the working set), in bytes; None when a folder's
     headers cannot be read (loading it reports why).
@@ -206,13 +206,13 @@ def pair_memory(a: str | Path, b: str | Path, extra_copies: float = MATCHING_COP
     :data:`KEPT_MATCHING_COPIES` with the models kept in memory, to which a merge adds the
     merged model), :data:`LARGEST_TENSOR_COPIES` copies of the largest tensor and the
     runtime (:data:`RUNTIME_BYTES`). Loading, the reference logits, writing and certifying
-    hold at most the models and one layer beside them (:mod:`glmc.verify`).
+    hold at most the models and one layer beside them (:mod:`glmc.verify`; B aligned from a
+    handed-over pair is written part by part, :mod:`glmc.io.moved`).
 
     ``ranks``: (processes on this machine, processes in all) of a weight matching spread
     across ranks, each reading its share of the pair (:func:`glmc.matching.spread.load_pair`):
     the machine holds its processes' shares of the pair and of the copies, and each one's
-    largest tensors and runtime; or, on the machine that writes B aligned (``writes``: rank
-    0's; B whole in float32, once the matching is done), that when it is more.
+    largest tensors and runtime.
     """
     shapes = [stored_shapes(folder) for folder in (a, b)]
     if any(s is None or not s for s in shapes):
@@ -223,19 +223,15 @@ def pair_memory(a: str | Path, b: str | Path, extra_copies: float = MATCHING_COP
     beside = here * (LARGEST_TENSOR_COPIES * BYTES_PER_PARAM * max(max(s) for s in sizes)
                      + RUNTIME_BYTES)
     working = int(BYTES_PER_PARAM * extra_copies * sum(sizes[1]) * here / world) + beside
-    written = BYTES_PER_PARAM * sum(sizes[1])  # (B aligned, on rank 0's machine)
-    if world > 1 and writes and written > pair + working - beside:
-        return written, beside
     return pair, working
 
 
 def check_pair_memory(a: str | Path, b: str | Path, extra_copies: float = MATCHING_COPIES,
-                      what: str = "A and B", ranks: tuple[int, int] = (1, 1),
-                      writes: bool = True) -> None:
+                      what: str = "A and B", ranks: tuple[int, int] = (1, 1)) -> None:
     """Refuse, before loading, a pair whose estimate (:func:`pair_memory`) exceeds the
     memory available (:func:`available_memory`): one GlmcError with the estimate and what
     would make it fit. Nothing is refused when either cannot be read."""
-    need = pair_memory(a, b, extra_copies, ranks, writes)
+    need = pair_memory(a, b, extra_copies, ranks)
     free = available_memory()
     if need is None or free is None or sum(need) <= free:
         return
