@@ -31,7 +31,8 @@ Loading is spread too (:func:`load_pair`, what ``glmc align`` does under torchru
 reads only its tensors of both folders (rank 0 also the stream's own tables), the others
 being placeholders of their shapes (``load_model``'s ``only``), and the spectral start's Gram
 sums are added across the ranks in the single process's order (:func:`_grams`). So a rank
-holds about its share of the pair; rank 0 then makes B aligned from B's folder, whole.
+holds about its share of the pair; rank 0 then writes B aligned from B's folder, part by
+part (:mod:`glmc.io.moved`).
 """
 
 from __future__ import annotations
