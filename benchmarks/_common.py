@@ -17,10 +17,26 @@ RESULTS = HERE / "results"
 README = HERE / "README.md"
 
 
+def cpu_model() -> str:
+    """The CPU's model name and its widest vector units (Linux: /proc/cpuinfo; else what
+    ``platform`` says): machines of one kernel and core count differ several-fold in float32
+    throughput, and a virtual machine's model name may not tell them apart."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return platform.processor()
+    flags = set(fields.get("flags", "").split())
+    units = [f for f in ("avx2", "avx512f", "amx_tile") if f in flags]
+    return f"{fields.get('model name', '?')} ({', '.join(units) or 'no AVX2'})"
+
+
 def machine(**extra: Any) -> dict[str, Any]:
     """The machine, interpreter and torch build a figure was measured with."""
     info = {"platform": platform.platform(), "processor": platform.processor(),
-            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "cpu": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "executable": sys.executable}
     if "torch" in sys.modules:
         torch = sys.modules["torch"]
@@ -39,7 +55,7 @@ def provenance(**extra: Any) -> dict[str, Any]:
     return {"commit": git("rev-parse", "--short", "HEAD"),
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "src")),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-            "machine": f"{info['processor'] or info['platform']}, {info['cpus']} cpus",
+            "machine": f"{info['cpu'] or info['platform']}, {info['cpus']} cpus",
             "threads": info.get("threads"), **extra}
 
 

@@ -33,7 +33,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
-from _common import machine, provenance, write_json  # noqa: E402
+from _common import RESULTS, machine, provenance, write_json  # noqa: E402
 
 SIZES = {
     # name: (n MLP units, model width d); the cost sums over 3d features (gate, up, down)
@@ -228,7 +228,7 @@ def main() -> None:
                    default=["scipy", "lapjv", "lapjvs", "lapjvs-f64", "lapjvh"])
     p.add_argument("--repeats", type=int, default=2, help="best of, below n = 11008")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="benchmarks/results/assignment.json")
+    p.add_argument("--out", default=str(RESULTS / "assignment.json"))
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
     names = ["scipy"] + [s for s in args.solvers if s != "scipy"]  # scipy: the reference

@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-from _common import machine, provenance, write_json
+from _common import RESULTS, machine, provenance, write_json
 from torch.func import functional_call
 from transformers import GPT2Config
 
@@ -101,7 +101,7 @@ def main() -> None:
     p.add_argument("--sizes", nargs="+", default=["tiny", "demo", "paper"], choices=list(SIZES))
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--out", default="benchmarks/results/learned_matching.json")
+    p.add_argument("--out", default=str(RESULTS / "learned_matching.json"))
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

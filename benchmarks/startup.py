@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import machine, write_json
+from _common import RESULTS, machine, write_json
 
 CASES = {
     # name: (glmc arguments, expected exit code); None: the interpreter alone
@@ -64,7 +64,7 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=7, help="timed runs per command (median kept)")
     p.add_argument("--src", help="time this source folder's glmc (PYTHONPATH) instead")
-    p.add_argument("--out", default="benchmarks/results/startup.json")
+    p.add_argument("--out", default=str(RESULTS / "startup.json"))
     args = p.parse_args()
     rows = []
     print(f"{'command':<30} {'median':>8} {'min':>8} {'max':>8}")

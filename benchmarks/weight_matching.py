@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from _common import machine, provenance, write_json
+from _common import RESULTS, machine, provenance, write_json
 
 SIZES = {
     # name: (n_layer, n_embd, n_head, n_inner, vocab, context)
@@ -81,7 +81,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=15)
     p.add_argument("--tol", type=float, default=1e-5)
     p.add_argument("--residual", default="orthogonal")
-    p.add_argument("--out", default="benchmarks/results/weight_matching.json")
+    p.add_argument("--out", default=str(RESULTS / "weight_matching.json"))
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
