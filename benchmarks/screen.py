@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import RESULTS, provenance, replace_section, write_json
+from _common import RESULTS, provenance, read_json, replace_section, write_json
 
 from glmc.training import TrainConfig
 
@@ -45,6 +45,8 @@ VARIANTS: dict[str, dict] = {
     "weighting: none": {"weighting": "none"},
     "bias weight 1.0": {"bias_weight": 1.0},
     "bias weight 0.1": {"bias_weight": 0.1},
+    "qk weight 0.5": {"qk_weight": 0.5},
+    "qk weight 0.25": {"qk_weight": 0.25},
     "inner maps: orthogonal": {"inner": "orthogonal"},
     "start: spectral": {"init": "spectral"},
     "start: identity": {"init": "identity"},
@@ -179,56 +181,87 @@ def measure(pair: ScreenPair, cache: Path) -> dict:
     return rows
 
 
-def ranking(results: dict) -> list[tuple[str, float]]:
-    """Variants by the geometric mean of their ratio to vanilla (lower is better)."""
+def ranking(run: dict) -> list[tuple[str, float]]:
+    """One run's variants by the geometric mean of their ratio to vanilla (lower is better)."""
     out = []
     for name in VARIANTS:
-        ratios = [r[name]["ratio"] for r in results["pairs"].values() if name in r]
+        ratios = [r[name]["ratio"] for r in run["pairs"].values() if name in r]
         if ratios:
             out.append((name, math.exp(sum(math.log(max(x, 1e-6)) for x in ratios)
                                        / len(ratios))))
     return sorted(out, key=lambda kv: kv[1])
 
 
+def paired(results: dict, name: str) -> list[float]:
+    """Per pair of every run, the log of variant ``name``'s ratio over the defaults'."""
+    return [math.log(r[name]["ratio"] / r["defaults"]["ratio"])
+            for run in results["runs"] for r in run["pairs"].values() if name in r]
+
+
 def verdict(results: dict) -> str:
-    """One sentence: the variant that replaces the defaults, or why none does, with the
-    paired evidence (per pair, the log of its ratio over the defaults' ratio)."""
-    geo = dict(ranking(results))
-    base = geo["defaults"]
-    best, value = min(((k, v) for k, v in geo.items() if k != "defaults"), key=lambda kv: kv[1])
-    logs = [math.log(r[best]["ratio"] / r["defaults"]["ratio"])
-            for r in results["pairs"].values() if best in r]
-    mean = sum(logs) / len(logs)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / max(len(logs) - 1, 1))
-    evidence = (f"better on {sum(x < 0 for x in logs)} of {len(logs)} pairs; per pair the log "
-                f"ratio to the defaults is {mean:+.3f} on average, standard deviation {sd:.3f}")
-    gain = 1 - value / base
+    """One sentence: the variant that replaces the defaults, or why none does, from every
+    run's pairs together (a run on another machine trains other models from the same
+    recipes: more pairs, not the same ones again), with the paired evidence (per pair, the
+    log of the variant's ratio over the defaults')."""
+    logs = {name: paired(results, name) for name in VARIANTS if name != "defaults"}
+    means = {name: sum(x) / len(x) for name, x in logs.items() if x}
+    best = min(means, key=means.get)
+    x, mean = logs[best], means[best]
+    sd = math.sqrt(sum((v - mean) ** 2 for v in x) / max(len(x) - 1, 1))
+    runs = len({run["machine"] for run in results["runs"]
+                if any(best in r for r in run["pairs"].values())})
+    evidence = (f"better on {sum(v < 0 for v in x)} of {len(x)} pairs of {runs} run"
+                f"{'s' if runs > 1 else ''}; per pair the log ratio to the defaults is "
+                f"{mean:+.3f} on average, standard deviation {sd:.3f}")
+    gain = 1 - math.exp(mean)
     if gain >= ADOPT_MARGIN:
         return (f"**{best}** lowers the geometric mean by {gain:.1%} (at least "
                 f"{ADOPT_MARGIN:.0%} needed; {evidence}): it replaces the defaults.")
-    return (f"The best variant, {best}, lowers the geometric mean by {max(gain, 0):.1%} "
-            f"({evidence}), less than the {ADOPT_MARGIN:.0%} a variant needs to replace the "
-            f"defaults: they stay.")
+    return (f"The best variant over every run's pairs, {best}, lowers the geometric mean by "
+            f"{max(gain, 0):.1%} ({evidence}), less than the {ADOPT_MARGIN:.0%} a variant "
+            f"needs to replace the defaults: they stay.")
 
 
 def table(results: dict) -> str:
-    keys = list(results["pairs"])
-    geo = dict(ranking(results))
+    """The latest run's table, each variant's change over every run's pairs beside it, the
+    verdict, and the runs."""
+    run = results["runs"][-1]
+    keys = list(run["pairs"])
+    geo = dict(ranking(run))
     lines = ["| weight matching (validation barrier / vanilla) | " + " | ".join(keys)
-             + " | geomean |", "|---|" + "---|" * (len(keys) + 1)]
+             + " | geomean | every run: geomean vs defaults (pairs) |",
+             "|---|" + "---|" * (len(keys) + 2)]
     lines.append("| vanilla averaging (barrier) | " + " | ".join(
-        f"{results['pairs'][k]['vanilla']['loss_barrier']:.3f}" for k in keys) + " | – |")
+        f"{run['pairs'][k]['vanilla']['loss_barrier']:.3f}" for k in keys) + " | – | – |")
     for name in VARIANTS:
-        cells = [f"{results['pairs'][k][name]['ratio']:.3f}" if name in results["pairs"][k]
+        cells = [f"{run['pairs'][k][name]['ratio']:.3f}" if name in run["pairs"][k]
                  else "–" for k in keys]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {geo.get(name, math.nan):.3f} |")
-    first = next(iter(next(iter(results["pairs"].values())).values()))
-    lines.append("")
-    lines.append(verdict(results))
-    lines.append("")
-    lines.append(f"One run: commit {first['commit']}{' (with changes)' if first['dirty'] else ''}"
-                 f", {first['date']} UTC, {first['machine']}, {first['threads']} thread(s).")
+        logs = paired(results, name)
+        pooled = (f"{math.exp(sum(logs) / len(logs)) - 1:+.1%} ({len(logs)})"
+                  if name != "defaults" and logs else "–")
+        lines.append(f"| {name} | " + " | ".join(cells)
+                     + f" | {geo.get(name, math.nan):.3f} | {pooled} |")
+    lines += ["", verdict(results), ""]
+    for i, r in enumerate(results["runs"]):
+        first = next(iter(next(iter(r["pairs"].values())).values()))
+        what = "The table's run" if i == len(results["runs"]) - 1 else f"Run {i + 1}"
+        lines.append(f"{what}: commit {first['commit']}"
+                     f"{' (with changes)' if first['dirty'] else ''}, {first['date']} UTC, "
+                     f"{r['machine']}, {first['threads']} thread(s); geomean of the defaults "
+                     f"{dict(ranking(r))['defaults']:.3f}.")
     return "\n".join(lines)
+
+
+def with_run(results: dict, run: dict) -> dict:
+    """``results`` (every run so far; the file's older one-run form read as one run) with
+    ``run`` added, replacing a run of the same machine (the same models again)."""
+    runs = results.get("runs") or ([{"pairs": results["pairs"], "machine": next(iter(
+        next(iter(results["pairs"].values())).values()))["machine"]}]
+        if "pairs" in results else [])
+    runs = [r for r in runs if r["machine"] != run["machine"]] + [run]
+    for r in runs:
+        r["ranking"] = ranking(r)
+    return {"runs": runs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,9 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="print and write the table from screen.json, measuring nothing")
     args = p.parse_args(argv)
     if args.table:
-        import json
-
-        md = table(json.loads(OUT.read_text()))
+        md = table(read_json(OUT))
         print(md)
         replace_section("screen", md)
         return 0
@@ -256,8 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     train_all(chosen, cache)
     if args.train_only:
         return 0
-    results = {"pairs": {pair.key: measure(pair, cache) for pair in chosen}}
-    results["ranking"] = ranking(results)
+    run = {"pairs": {pair.key: measure(pair, cache) for pair in chosen},
+           "machine": provenance()["machine"]}
+    results = with_run(read_json(OUT), run)
     write_json(OUT, results)
     md = table(results)
     print(md)

@@ -466,6 +466,26 @@ def test_tensor_weights_count_each_tensor_by_its_mean(h, scheme):
             WeightMatchingOptions(bias_weight=bad)
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_the_qk_weight_scales_the_queries_and_keys_alone(h, arch):
+    """The tensors of attention's query-key spaces (queries, keys and their biases; rotary
+    ones too) weigh qk_weight times as much; every other tensor as before. A weight of 0 or
+    below is refused."""
+    from glmc.matching.options import WeightMatchingOptions
+    from glmc.matching.problem import tensor_weights
+
+    a = h.make_tiny(arch, seed=1).canonical()
+    plain = tensor_weights(a.spec, a.state, "tensor", bias_weight=0.3)
+    w = tensor_weights(a.spec, a.state, "tensor", bias_weight=0.3, qk_weight=0.25)
+    qk = {n for n in a.spec.axes if ".attn.q." in n or ".attn.k." in n}
+    assert qk and all(n.endswith((".weight", ".bias")) for n in qk)
+    for name in a.spec.axes:
+        assert w[name] == plain[name] * (0.25 if name in qk else 1.0), name
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(GlmcError, match="qk weight"):
+            WeightMatchingOptions(qk_weight=bad)
+
+
 # -- what makes it fast: the same numbers, computed with less ----------------------------------
 
 

@@ -42,6 +42,9 @@ class WeightMatchingOptions:
     #: otherwise count as much as a whole d×d matrix. 0.3 left the lowest barriers on a
     #: 12-pair screen (GPT-2 and ViT pairs; 1 and "layer" weighting were 4% and 3% worse).
     bias_weight: float = 0.3
+    #: Extra factor on the weight of the tensors attention's query-key spaces act on (the
+    #: queries and keys).
+    qk_weight: float = 1.0
     #: How a permutation unit (an MLP's hidden units) is assigned: "angle", by the distance
     #: between its units' normalised weight vectors (all of a unit's rows and columns,
     #: concatenated), or "distance", by the squared distance (the objective's own term). The
@@ -75,8 +78,9 @@ class WeightMatchingOptions:
             self.inner = default_inner(self.residual)
         if self.inner not in INNER:
             raise GlmcError(f"unknown inner maps {self.inner!r} (one of {', '.join(INNER)})")
-        if not self.bias_weight > 0:
-            raise GlmcError(f"bias weight must be positive, got {self.bias_weight}")
+        for what, value in (("bias", self.bias_weight), ("qk", self.qk_weight)):
+            if not value > 0:
+                raise GlmcError(f"{what} weight must be positive, got {value}")
         if self.max_iter < 1:
             raise GlmcError(f"weight matching needs at least 1 iteration, got {self.max_iter}")
 

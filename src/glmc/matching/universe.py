@@ -76,7 +76,8 @@ class Agreement:
 
     def __init__(self, models: Sequence[CanonicalModel], opts: WeightMatchingOptions):
         self.spec = models[0].spec.weights_only()
-        w = tensor_weights(self.spec, models[0].state, opts.weighting, None, opts.bias_weight)
+        w = tensor_weights(self.spec, models[0].state, opts.weighting, None, opts.bias_weight,
+                           opts.qk_weight)
         # (√w_t folded into the tensors: ⟨√w a, √w b⟩ = w⟨a, b⟩)
         self.states = [{n: m.state[n] * w[n] ** 0.5 for n in self.spec.axes} for m in models]
 
@@ -247,7 +248,8 @@ def spreads(models: Sequence[CanonicalModel], transforms: Sequence[Transform],
     """Each model's weighted relative distance to the mean of the others in the frame,
     D / Σ w(‖θ_i‖² + ‖mean‖²) over the spec's tensors."""
     spec = models[0].spec.weights_only()
-    w = tensor_weights(spec, models[0].state, opts.weighting, None, opts.bias_weight)
+    w = tensor_weights(spec, models[0].state, opts.weighting, None, opts.bias_weight,
+                       opts.qk_weight)
     moved = [m.transformed(t).state for m, t in zip(models, transforms, strict=True)]
     n, out = len(models), []
     for i in range(n):

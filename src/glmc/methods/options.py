@@ -33,8 +33,8 @@ class AlignOptions:
             paper's ablation) or ``"none"``; the ``-perm`` methods fix it to permutation.
         heads: ``"inner"`` (keep head_dim; heads assigned after aligning their inner bases)
             or ``"circuit"`` (both models rewritten with attention as QK/OV circuits first).
-        max_iter, tol, weighting, bias_weight, unit_cost, inner, init: weight matching's
-            options (see :class:`glmc.matching.options.WeightMatchingOptions`).
+        max_iter, tol, weighting, bias_weight, qk_weight, unit_cost, inner, init: weight
+            matching's options (see :class:`glmc.matching.options.WeightMatchingOptions`).
         token_counts: (vocab,) counts; vocabulary rows of unseen tokens do not count.
         data: the training data of data-driven methods (a loaded dataset, or a name or path
             that :func:`glmc.api.align` loads with the models' tokenizer and split seed).
@@ -52,7 +52,7 @@ class AlignOptions:
             what ``glmc align`` does, which reads B again for its output): it frees the
             models' tensors as it goes, the same transform bit for bit, and both models are
             left empty, with no ``aligned`` model (apply ``transform`` to B read again; see
-            :func:`glmc.cli.align.aligned_from_folder`). Other methods ignore it.
+            :class:`glmc.io.moved.Moved`). Other methods ignore it.
     """
 
     residual: str = "orthogonal"
@@ -61,6 +61,7 @@ class AlignOptions:
     tol: float = _WM.tol
     weighting: str = _WM.weighting
     bias_weight: float = _WM.bias_weight
+    qk_weight: float = _WM.qk_weight
     unit_cost: str = _WM.unit_cost
     inner: str | None = None
     init: str = _WM.init
@@ -88,8 +89,9 @@ class AlignOptions:
                         hand_over: bool = False) -> WeightMatchingOptions:
         return WeightMatchingOptions(
             residual=self.residual, max_iter=self.max_iter, tol=self.tol,
-            weighting=self.weighting, bias_weight=self.bias_weight, unit_cost=self.unit_cost,
-            inner=self.inner, init=self.init, row_masks=row_masks or {}, hand_over=hand_over)
+            weighting=self.weighting, bias_weight=self.bias_weight, qk_weight=self.qk_weight,
+            unit_cost=self.unit_cost, inner=self.inner, init=self.init,
+            row_masks=row_masks or {}, hand_over=hand_over)
 
     def learned_matching(self) -> LearnedMatchingOptions:
         opts = replace(self.learned or LearnedMatchingOptions(), residual=self.residual)
