@@ -36,9 +36,15 @@ from typing import Any
 import torch
 
 from glmc.errors import GlmcError
+from glmc.matching import workspace
 from glmc.matching.many import Frame, check_models, frame_options, mean_of_others, star
 from glmc.matching.options import WeightMatchingOptions
-from glmc.matching.problem import effective_groups, stream_space, tensor_weights
+from glmc.matching.problem import (
+    effective_groups,
+    head_tensors,
+    stream_space,
+    tensor_weights,
+)
 from glmc.matching.steps import solvable, solve
 from glmc.matching.weight import realign_inner
 from glmc.model import CanonicalModel
@@ -96,6 +102,33 @@ class Agreement:
         for x in sums.values():
             total = total + x.pow(2).sum()
         return (total - own) / 2
+
+    def gradient(self, elements: list[dict[str, Element]], xs: list[dict[str, torch.Tensor]],
+                 ) -> tuple[float, list[dict[str, torch.Tensor]]]:
+        """F and its gradient in the relaxed maps ``xs`` (leaves of ``elements``, which holds
+        them as Matrix elements), tensor by tensor: each tensor's term is differentiated on
+        its own and its graph freed, so that one tensor's moved copies are held at a time,
+        never every model's whole graph."""
+        flat = [x for x_i in xs for x in x_i.values()]
+        grads = [torch.zeros_like(x) for x in flat]
+        total = 0.0
+        for name, tags in self.spec.axes.items():
+            spaces = {s for tag in tags for s, _ in tag or ()}
+            moved = [apply_axes(state[name], tags, el)
+                     for state, el in zip(self.states, elements, strict=True)]
+            term = (sum(moved).pow(2).sum() - sum(x.pow(2).sum() for x in moved)) / 2
+            total += float(term.detach())
+            wrt = [(k, x) for k, x in enumerate(flat) if x.requires_grad
+                   and any(x is x_i.get(s) for x_i in xs for s in spaces)]
+            if wrt:
+                for (k, _), g in zip(wrt, torch.autograd.grad(term, [x for _, x in wrt]),
+                                     strict=True):
+                    grads[k] += g
+            del moved, term
+        out, it = [], iter(grads)
+        for x_i in xs:
+            out.append({s: next(it) for s in x_i})
+        return total, out
 
     def along(self, fixed: list[dict[str, Element]], xs: list[dict[str, torch.Tensor]],
               dirs: list[dict[str, torch.Tensor]]) -> list[float]:
@@ -190,24 +223,25 @@ def universe(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | Non
     converged = False
     for k in range(max_iter):
         leaves = [{s: x.detach().requires_grad_(True) for s, x in x_i.items()} for x_i in xs]
-        value = f.value(_elements(fixed, leaves))
-        flat = [x for x_i in leaves for x in x_i.values()]
-        grads = iter(torch.autograd.grad(value, flat))
-        current = float(value.detach())
+        current, grads = f.gradient(_elements(fixed, leaves), leaves)
+        del leaves
+        workspace.release_freed()
         dirs, gap = [], 0.0
-        for x_i in xs:
+        for x_i, g_i in zip(xs, grads, strict=True):
             d_i = {}
             for s, x in x_i.items():
-                g = next(grads)
+                g = g_i[s]
                 vertex = solve(groups[s], g.double(), None, dtype).matrix(dtype)
                 d_i[s] = vertex - x
                 gap += float((g * d_i[s]).sum())
             dirs.append(d_i)
+        del grads
         if gap <= tol * max(abs(current), 1e-300):
             converged = True
             break
         with torch.no_grad():
             gamma, gain = best_step(f.along(fixed, xs, dirs))
+        workspace.release_freed()
         if gamma == 0.0 or gain <= tol * max(abs(current), 1e-300):  # (settled)
             converged = True
             break
@@ -231,15 +265,24 @@ def universe(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | Non
 def _inner_passes(models: Sequence[CanonicalModel], transforms: list[Transform],
                   opts: WeightMatchingOptions, passes: int = 2) -> list[Transform]:
     """Each model's heads' inner maps chosen afresh against the mean of the others (their
-    assignments and every other map kept), model after model, ``passes`` times."""
-    n = len(models)
+    assignments and every other map kept), model after model, ``passes`` times. Only the
+    tensors the heads' maps read are moved and averaged (the others are placeholders)."""
+    n, spec = len(models), models[0].spec
+    names = head_tensors(spec)
     transforms = list(transforms)
-    moved = [m.transformed(t) for m, t in zip(models, transforms, strict=True)]
+    unread = {k: torch.empty_like(t, device="meta") for k, t in models[0].state.items()
+              if k not in names}
+
+    def moved(i: int) -> dict[str, torch.Tensor]:
+        return {k: apply_axes(models[i].state[k], spec.axes[k], transforms[i].elements)
+                for k in names}
+
+    heads = [moved(i) for i in range(n)]
     for _ in range(passes):
         for i in range(n):
-            target = models[0].with_state(mean_of_others([m.state for m in moved], i))
+            target = models[0].with_state({**unread, **mean_of_others(heads, i)})
             transforms[i] = realign_inner(target, models[i], transforms[i], opts=opts)
-            moved[i] = models[i].transformed(transforms[i])
+            heads[i] = moved(i)
     return transforms
 
 
@@ -250,13 +293,13 @@ def spreads(models: Sequence[CanonicalModel], transforms: Sequence[Transform],
     spec = models[0].spec.weights_only()
     w = tensor_weights(spec, models[0].state, opts.weighting, None, opts.bias_weight,
                        opts.qk_weight)
-    moved = [m.transformed(t).state for m, t in zip(models, transforms, strict=True)]
-    n, out = len(models), []
-    for i in range(n):
-        mean = mean_of_others(moved, i)
-        num = sum(w[k] * float((moved[i][k].double() - mean[k].double()).pow(2).sum())
-                  for k in spec.axes)
-        den = sum(w[k] * float(moved[i][k].double().pow(2).sum() + mean[k].double().pow(2).sum())
-                  for k in spec.axes)
-        out.append(num / den if den > 0 else float("nan"))
-    return out
+    n = len(models)
+    num, den = [0] * n, [0] * n
+    for k, tags in spec.axes.items():  # (one tensor of every model at a time)
+        moved = [{k: apply_axes(m.state[k], tags, t.elements)}
+                 for m, t in zip(models, transforms, strict=True)]
+        for i in range(n):
+            x, mean = moved[i][k].double(), mean_of_others(moved, i)[k].double()
+            num[i] += w[k] * float((x - mean).pow(2).sum())
+            den[i] += w[k] * float(x.pow(2).sum() + mean.pow(2).sum())
+    return [a / b if b > 0 else float("nan") for a, b in zip(num, den, strict=True)]
