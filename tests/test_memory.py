@@ -130,3 +130,29 @@ def test_align_writes_the_same_folder_handed_over(h, tmp_path, arch, monkeypatch
             assert over[k].dtype == t.dtype and torch.equal(over[k], t), (name, k)
     assert {t.dtype for t in load_file(str(tmp_path / "over" / "model.safetensors")).values()} \
         == {torch.bfloat16}
+
+
+def test_a_finished_matching_is_freed_without_the_garbage_collector(h, monkeypatch):
+    """Weight matching's problem (both models' weighted copies) is freed as soon as the
+    matching returns, not when the cyclic garbage collector next runs: MergeMany's rounds
+    and the N-model frames run one matching after another, and each left a model's worth
+    behind (3 GPT-2s of 29.2M: 3.86 GB peak, 2.16 without the cycle)."""
+    import gc
+
+    made: list[weakref.ref] = []
+    init = Problem.__init__
+
+    def recorded(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(Problem, "__init__", recorded)
+    a, b = (h.make_tiny("gpt2", seed=s, dtype=torch.float32).canonical() for s in (0, 1))
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        glmc.matching.weight.weight_matching(a, b, WeightMatchingOptions(max_iter=2))
+        assert made and all(ref() is None for ref in made)
+    finally:
+        if enabled:
+            gc.enable()

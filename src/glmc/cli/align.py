@@ -105,8 +105,8 @@ def load_pair(args: argparse.Namespace, keep_stock: bool = False,
 
 
 def release_memory() -> None:
-    """Free what reference cycles still hold (a finished matching's problem holds both
-    models' tensors in one) and hand the heap's free memory back to the system (glibc's
+    """Free what reference cycles still hold (objects of other libraries') and hand the
+    heap's free memory back to the system (glibc's
     ``malloc_trim``, where there is one), between the phases of a command on large models:
     the next phase's peak does not then sit on the last one's leftovers."""
     import gc

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -222,6 +223,30 @@ def packed(t: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
+@dataclass(frozen=True)
+class Weighing:
+    """A tensor as the distance weighs it: masked rows zeroed, times √w_t. (A value of its
+    own, not a method of the problem: the weighted states hold it, and a method would tie
+    them and the problem into a cycle that keeps every tensor until the garbage collector
+    runs, a model's worth per finished matching.)"""
+
+    w: Mapping[str, float]
+    row_masks: Mapping[str, tuple[int, torch.Tensor]]
+
+    def __call__(self, name: str, t: torch.Tensor, rows: slice | None) -> torch.Tensor:
+        """``t`` weighed; ``rows``: the rows of tensor ``name`` that ``t`` holds (None:
+        all)."""
+        if name in self.row_masks:
+            axis, mask = self.row_masks[name]
+            if rows is not None and axis == 0:
+                mask = mask[rows]
+            shape = [1] * t.dim()
+            shape[axis] = -1
+            t = t * mask.reshape(shape).to(t.dtype)
+        scale = self.w[name] ** 0.5
+        return t * scale if scale != 1.0 else t
+
+
 class Problem:
     """Weighted A and B (each tensor times √w_t: :class:`WeightedState`, A's copies kept for
     the tensors the steps read, B's made when read), the spec's units, and the distance's
@@ -284,8 +309,9 @@ class Problem:
         # stream touches (folded into one constant at the start); B's only at the start.
         solo = {n for n in names if stream is not None and spec.spaces_of(n) == {stream}}
         hand_over = opts.hand_over  # (A's tensors replaced by their kept copies)
-        self.A = WeightedState(a.state, names, self._weigh, keep - solo, consume=hand_over)
-        self.B = WeightedState(b.state, names, self._weigh, set())  # (freed in apply)
+        weigh = Weighing(self.w, opts.row_masks)
+        self.A = WeightedState(a.state, names, weigh, keep - solo, consume=hand_over)
+        self.B = WeightedState(b.state, names, weigh, set())  # (freed in apply)
         # ‖A_t‖², ‖B_t‖² (weighted): a tensor moved by permutations and orthogonal maps keeps
         # its norm, so its distance term is ‖A‖² + ‖B‖² − 2⟨A, π(B)⟩.
         self.sq_a = {n: self.A.sq_norm(n) for n in names if n in keep}
@@ -325,19 +351,6 @@ class Problem:
             if self.opts.hand_over:
                 self.A.drop(n)
                 self.B.drop(n)
-
-    def _weigh(self, name: str, t: torch.Tensor, rows: slice | None) -> torch.Tensor:
-        """``t`` as the distance weighs it (masked rows zeroed, times √w_t); ``rows``: the
-        rows of tensor ``name`` that ``t`` holds (None: all)."""
-        if name in self.opts.row_masks:
-            axis, mask = self.opts.row_masks[name]
-            if rows is not None and axis == 0:
-                mask = mask[rows]
-            shape = [1] * t.dim()
-            shape[axis] = -1
-            t = t * mask.reshape(shape).to(t.dtype)
-        scale = self.w[name] ** 0.5
-        return t * scale if scale != 1.0 else t
 
     def term_names(self, space: str) -> set[str]:
         """The tensors that ``space`` (or the inner spaces nested in it) touches."""
