@@ -245,11 +245,11 @@ def check_pair_memory(a: str | Path, b: str | Path, extra_copies: float = MATCHI
 #: model, in all). Star and MergeMany run pairwise weight matchings with the models kept
 #: (:data:`KEPT_MATCHING_COPIES` of one model) and hold the merged model (one more), MergeMany
 #: also the mean of the others (one more). Universe matching holds every model's weighted
-#: copy and, in its gradient's graph, each tensor moved on its two axes (three per model).
-#: These are lower bounds: on 3 GPT-2s of 29.2M parameters (4 layers, d 768, vocab 512),
-#: where the d × d and n × n buffers of the matching weigh much against the models, the
-#: peaks were 5.1, 27.1 and 39.0 copies of one model above the models themselves
-#: (``benchmarks/frames_memory.py``, commit fd9c756).
+#: copy, its relaxed maps (dense n × n per space), their gradients and directions (three per
+#: model). These are lower bounds: on 3 GPT-2s of 29.2M parameters (4 layers, d 768, vocab
+#: 512), where the d × d and n × n buffers of the matching weigh much against the models,
+#: the peaks were 5.6, 9.3 and 20.4 copies of one model above the models themselves
+#: (``benchmarks/frames_memory.py``, commit b884186).
 FRAME_COPIES = {"star": (0.0, KEPT_MATCHING_COPIES + 1.0),
                 "mergemany": (0.0, KEPT_MATCHING_COPIES + 2.0),
                 "universe": (3.0, KEPT_MATCHING_COPIES + 1.0)}
