@@ -102,27 +102,36 @@ def test_universe_matching_leaves_an_unrelated_set_closer_than_mergemany():
     assert got["universe"] <= 0.9 * got["merge_many"], got
 
 
-@pytest.mark.parametrize("base_name", ["mlp", "gpt2"])
-def test_the_line_search_polynomial_is_the_objective_along_the_segment(base_name, h):
-    """F(X + γD) from the coefficients equals F evaluated at X + γD (random dense X, D on
-    every relaxed space, the heads' inner maps fixed), float64, to 1e-9 relative."""
+def relaxed_problem(h, base_name: str, seed: int):
+    """A planted set of three (an MLP's or a GPT-2's), its objective F, the spaces the
+    descent relaxes, every other space's elements drawn at random, and the generator that
+    drew them (for random dense maps on the relaxed spaces)."""
     from glmc.matching.many import frame_options
-    from glmc.matching.universe import Agreement, _elements, relaxed_spaces
+    from glmc.matching.universe import Agreement, relaxed_spaces
 
     base = mlp() if base_name == "mlp" else h.make_tiny("gpt2", tied=False).canonical()
     models = planted_set(base, 3)
     opts = frame_options(models, None)
     groups = relaxed_spaces(base.spec, opts)
-    f = Agreement(models, opts)
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(seed)
     fixed = [{s: e for s, e in Transform.random(base.spec, g).elements.items()
               if s not in groups} for _ in models]
 
-    def rand():
+    def dense() -> list[dict[str, torch.Tensor]]:
         return [{s: torch.randn(gr.n, gr.n, generator=g, dtype=F64) for s, gr in groups.items()}
                 for _ in models]
 
-    xs, dirs = rand(), rand()
+    return Agreement(models, opts), fixed, dense
+
+
+@pytest.mark.parametrize("base_name", ["mlp", "gpt2"])
+def test_the_line_search_polynomial_is_the_objective_along_the_segment(base_name, h):
+    """F(X + γD) from the coefficients equals F evaluated at X + γD (random dense X, D on
+    every relaxed space, the heads' inner maps fixed), float64, to 1e-9 relative."""
+    from glmc.matching.universe import _elements
+
+    f, fixed, dense = relaxed_problem(h, base_name, seed=1)
+    xs, dirs = dense(), dense()
     poly = f.along(fixed, xs, dirs)
     for gamma in (0.0, 0.37, 1.0):
         at = [{s: x + gamma * d[s] for s, x in x_i.items()} for x_i, d in zip(xs, dirs,
@@ -137,22 +146,12 @@ def test_the_gradient_tensor_by_tensor_is_the_objective_s_gradient(base_name, h)
     """F and its gradient in every relaxed map, made tensor by tensor (each tensor's graph
     freed before the next), equal F and the gradient of the whole F by one backward pass
     (random dense maps, the heads' inner maps fixed), float64, to 1e-10 relative."""
-    from glmc.matching.many import frame_options
-    from glmc.matching.universe import Agreement, _elements, relaxed_spaces
+    from glmc.matching.universe import _elements
 
-    base = mlp() if base_name == "mlp" else h.make_tiny("gpt2", tied=False).canonical()
-    models = planted_set(base, 3)
-    opts = frame_options(models, None)
-    groups = relaxed_spaces(base.spec, opts)
-    f = Agreement(models, opts)
-    g = torch.Generator().manual_seed(2)
-    fixed = [{s: e for s, e in Transform.random(base.spec, g).elements.items()
-              if s not in groups} for _ in models]
-    xs = [{s: torch.randn(gr.n, gr.n, generator=g, dtype=F64).requires_grad_(True)
-           for s, gr in groups.items()} for _ in models]
+    f, fixed, dense = relaxed_problem(h, base_name, seed=2)
+    xs = [{s: x.requires_grad_(True) for s, x in x_i.items()} for x_i in dense()]
     value = f.value(_elements(fixed, xs))
-    flat = [x for x_i in xs for x in x_i.values()]
-    want = torch.autograd.grad(value, flat)
+    want = torch.autograd.grad(value, [x for x_i in xs for x in x_i.values()])
     got, grads = f.gradient(_elements(fixed, xs), xs)
     assert got == pytest.approx(float(value.detach()), rel=1e-10)
     for w, gr in zip(want, [x for g_i in grads for x in g_i.values()], strict=True):
