@@ -18,7 +18,7 @@ tensor it was not given, a B embedded into A's widths), the model is made whole 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,13 +81,17 @@ class Moved:
         """The moved model's config, files and shapes, every tensor a placeholder on the
         meta device (nothing read); None when B is not of ``like``'s shapes (a narrower B,
         which its family embeds into A's widths as a whole: see :meth:`whole`)."""
+        kept = self._kept()
+        # (a model of its own: a writer may empty its state)
+        return None if kept is None else kept.with_state(dict(kept.state))
+
+    def _kept(self) -> CanonicalModel | None:
+        """The skeleton, made once and kept (with its spec)."""
         if self._skeleton is None:
             b = canonical_of(self.stored(), only=())
-            if fitted(self.like, b) is not b:
-                return None
-            self._skeleton = self.like.with_state(b.state)
-        # (a model of its own: a writer may empty its state)
-        return self._skeleton.with_state(dict(self._skeleton.state))
+            if fitted(self.like, b) is b:
+                self._skeleton = self.like.with_state(b.state)
+        return self._skeleton
 
     def whole(self) -> CanonicalModel:
         """The moved model in memory: B's folder read again (tensor by tensor, as loading
@@ -116,45 +120,49 @@ class Moved:
         except Unreadable:
             write_stock(folder, importer, self.whole(), release=True)
             return
-        dtype = stored_dtype(skeleton)
         sources = {n: t.sources if isinstance(t, Absent) else frozenset()
                    for n, t in out.items()}
+
+        def export(needed: set[str]) -> StateDict:
+            return importer.to_stock(skeleton.with_state({**unread, **self.part(needed)}))[1]
+
         try:
-            with TensorFile(folder / WEIGHTS, _layout(out, dtype), {"format": "pt"}) as f:
-                for names in _parts(list(out), sources, skeleton.state):
-                    needed = set().union(*(sources[n] for n in names))
-                    made = self.part(needed)
-                    _, part = importer.to_stock(skeleton.with_state({**unread, **made}))
-                    del made
-                    for n in names:
-                        f.write(n, _as(part.pop(n), dtype))
-                    del part
+            self._write(folder, out, sources, export)
         except NotRepresentable:  # (a writer found uncentred once read)
             (folder / WEIGHTS).unlink(missing_ok=True)
             raise
-        write_hf_config(folder, hf_config, dtype)
+        write_hf_config(folder, hf_config, stored_dtype(skeleton))
 
     def write_glmc(self, folder: Path) -> None:
         """Write the moved model into ``folder`` as a glmc folder (canonical tensors), part
         by part."""
         skeleton = self._shaped()
-        dtype = stored_dtype(skeleton)
         names = sorted(skeleton.state)
-        sources = {n: frozenset([n]) for n in names}
-        with TensorFile(folder / WEIGHTS, _layout(skeleton.state, dtype, names),
-                        {"format": "pt"}) as f:
-            for part_names in _parts(names, sources, skeleton.state):
-                made = self.part(part_names)
-                for n in part_names:
-                    f.write(n, _as(made.pop(n), dtype))
+        self._write(folder, {n: skeleton.state[n] for n in names},
+                    {n: frozenset([n]) for n in names}, self.part)
         write_glmc_config(folder, skeleton)
 
+    def _write(self, folder: Path, shapes: dict[str, torch.Tensor],
+               sources: dict[str, frozenset[str]],
+               make: Callable[[set[str]], StateDict]) -> None:
+        """The weights file: the tensors of ``shapes`` (placeholders, in the file's order),
+        run by run (:func:`_parts`), each run's made by ``make`` from the canonical tensors
+        ``sources`` names, in the stored dtype."""
+        dtype = stored_dtype(self._shaped())
+        with TensorFile(folder / WEIGHTS, _layout(shapes, dtype), {"format": "pt"}) as f:
+            for names in _parts(list(shapes), sources, self._shaped().state):
+                made = make(set().union(*(sources[n] for n in names)))
+                for n in names:
+                    f.write(n, _as(made.pop(n), dtype))
+                del made
+
     def _shaped(self) -> CanonicalModel:
-        """The skeleton, kept (its spec made once)."""
-        if self.skeleton() is None:
+        """The kept skeleton, which the writers need."""
+        kept = self._kept()
+        if kept is None:
             raise GlmcError(f"{self.folder}: B is not of the matched model's shapes: write "
                             "it whole (Moved.whole)")
-        return self._skeleton  # type: ignore[return-value]
+        return kept
 
 
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -163,10 +171,10 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _layout(state: dict[str, torch.Tensor], dtype: torch.dtype,
-            names: list[str] | None = None) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+            ) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     """The file's header: each tensor's name, shape and dtype as written, in order."""
-    return [(n, tuple(state[n].shape), dtype if state[n].is_floating_point() else
-             state[n].dtype) for n in (names if names is not None else state)]
+    return [(n, tuple(t.shape), dtype if t.is_floating_point() else t.dtype)
+            for n, t in state.items()]
 
 
 def _parts(names: list[str], sources: dict[str, frozenset[str]],
