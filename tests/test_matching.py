@@ -467,23 +467,23 @@ def test_tensor_weights_count_each_tensor_by_its_mean(h, scheme):
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_the_qk_weight_scales_the_queries_and_keys_alone(h, arch):
-    """The tensors of attention's query-key spaces (queries, keys and their biases; rotary
-    ones too) weigh qk_weight times as much; every other tensor as before. A weight of 0 or
-    below is refused."""
+def test_a_role_weight_scales_the_tensors_of_that_role_alone(h, arch):
+    """role_weights {"qk": 0.25}: the tensors of attention's query-key spaces (queries, keys
+    and their biases; rotary ones too) weigh 0.25 times as much; every other tensor as
+    before. A weight of 0 or below is refused, naming the role."""
     from glmc.matching.options import WeightMatchingOptions
     from glmc.matching.problem import tensor_weights
 
     a = h.make_tiny(arch, seed=1).canonical()
     plain = tensor_weights(a.spec, a.state, "tensor", bias_weight=0.3)
-    w = tensor_weights(a.spec, a.state, "tensor", bias_weight=0.3, qk_weight=0.25)
+    w = tensor_weights(a.spec, a.state, "tensor", bias_weight=0.3, role_weights={"qk": 0.25})
     qk = {n for n in a.spec.axes if ".attn.q." in n or ".attn.k." in n}
     assert qk and all(n.endswith((".weight", ".bias")) for n in qk)
     for name in a.spec.axes:
         assert w[name] == plain[name] * (0.25 if name in qk else 1.0), name
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(GlmcError, match="qk weight"):
-            WeightMatchingOptions(qk_weight=bad)
+            WeightMatchingOptions(role_weights={"qk": bad})
 
 
 # -- what makes it fast: the same numbers, computed with less ----------------------------------

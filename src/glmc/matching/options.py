@@ -42,9 +42,9 @@ class WeightMatchingOptions:
     #: otherwise count as much as a whole d×d matrix. 0.3 left the lowest barriers on a
     #: 12-pair screen (GPT-2 and ViT pairs; 1 and "layer" weighting were 4% and 3% worse).
     bias_weight: float = 0.3
-    #: Extra factor on the weight of the tensors attention's query-key spaces act on (the
-    #: queries and keys).
-    qk_weight: float = 1.0
+    #: Extra factor on the weight of the tensors a space of each role acts on, by the spec's
+    #: role names (e.g. {"qk": 0.25}: attention's queries and keys count a quarter).
+    role_weights: dict[str, float] = field(default_factory=dict)
     #: How a permutation unit (an MLP's hidden units) is assigned: "angle", by the distance
     #: between its units' normalised weight vectors (all of a unit's rows and columns,
     #: concatenated), or "distance", by the squared distance (the objective's own term). The
@@ -78,7 +78,7 @@ class WeightMatchingOptions:
             self.inner = default_inner(self.residual)
         if self.inner not in INNER:
             raise GlmcError(f"unknown inner maps {self.inner!r} (one of {', '.join(INNER)})")
-        for what, value in (("bias", self.bias_weight), ("qk", self.qk_weight)):
+        for what, value in (("bias", self.bias_weight), *self.role_weights.items()):
             if not value > 0:
                 raise GlmcError(f"{what} weight must be positive, got {value}")
         if self.max_iter < 1:

@@ -44,14 +44,19 @@ __all__ = ["UNIT_STEPS", "WEIGHTINGS", "Problem", "Proposal", "WeightMatchingOpt
 
 def tensor_weights(spec: SymmetrySpec, state: StateDict, scheme: str,
                    row_masks: dict[str, tuple[int, torch.Tensor]] | None = None,
-                   bias_weight: float = 1.0, qk_weight: float = 1.0) -> dict[str, float]:
+                   bias_weight: float = 1.0,
+                   role_weights: Mapping[str, float] | None = None) -> dict[str, float]:
     """w_t per tensor: 1/entries ("tensor"; masked rows do not count) or 1 ("none"); under
     "tensor", bias vectors (1-D ``*.bias``) times ``bias_weight``; the tensors a space of
-    role "qk" acts on (attention's queries and keys) times ``qk_weight``."""
+    role r acts on (the spec's roles: "qk" for attention's queries and keys) times
+    ``role_weights[r]``."""
     if scheme not in WEIGHTINGS:
         raise GlmcError(f"unknown weighting {scheme!r} (one of {', '.join(WEIGHTINGS)})")
-    qk = {n for s, role in spec.roles.items() if role == "qk"
-          for n, _, _ in spec.occurrences(s)} if qk_weight != 1.0 else set()
+    factor: dict[str, float] = {}
+    for s, role in spec.roles.items():
+        if (role_weights or {}).get(role, 1.0) != 1.0:
+            for n, _, _ in spec.occurrences(s):
+                factor[n] = role_weights[role]  # type: ignore[index]
     w = {}
     for name in spec.axes:
         if scheme == "none":
@@ -67,8 +72,7 @@ def tensor_weights(spec: SymmetrySpec, state: StateDict, scheme: str,
         w[name] = 1.0 / entries
         if scheme == "tensor" and name.endswith(".bias") and state[name].dim() == 1:
             w[name] *= bias_weight
-        if name in qk:
-            w[name] *= qk_weight
+        w[name] *= factor.get(name, 1.0)
     return w
 
 
@@ -266,7 +270,7 @@ class Problem:
         spec = a.spec.weights_only()  # (statistics move with their units, unweighed)
         self.spec, self.opts = spec, opts
         self.w = tensor_weights(spec, a.state, opts.weighting, opts.row_masks,
-                                opts.bias_weight, opts.qk_weight)
+                                opts.bias_weight, opts.role_weights)
         names = [n for n in spec.axes if only is None or n in only]
         self.names = names  # (the tensors the distance covers, in the spec's order)
         stream = stream_space(spec)

@@ -83,7 +83,7 @@ class Agreement:
     def __init__(self, models: Sequence[CanonicalModel], opts: WeightMatchingOptions):
         self.spec = models[0].spec.weights_only()
         w = tensor_weights(self.spec, models[0].state, opts.weighting, None, opts.bias_weight,
-                           opts.qk_weight)
+                           opts.role_weights)
         # (√w_t folded into the tensors: ⟨√w a, √w b⟩ = w⟨a, b⟩)
         self.states = [{n: m.state[n] * w[n] ** 0.5 for n in self.spec.axes} for m in models]
 
@@ -292,7 +292,7 @@ def spreads(models: Sequence[CanonicalModel], transforms: Sequence[Transform],
     D / Σ w(‖θ_i‖² + ‖mean‖²) over the spec's tensors."""
     spec = models[0].spec.weights_only()
     w = tensor_weights(spec, models[0].state, opts.weighting, None, opts.bias_weight,
-                       opts.qk_weight)
+                       opts.role_weights)
     n = len(models)
     num, den = [0] * n, [0] * n
     for k, tags in spec.axes.items():  # (one tensor of every model at a time)

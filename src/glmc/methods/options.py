@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ class AlignOptions:
             paper's ablation) or ``"none"``; the ``-perm`` methods fix it to permutation.
         heads: ``"inner"`` (keep head_dim; heads assigned after aligning their inner bases)
             or ``"circuit"`` (both models rewritten with attention as QK/OV circuits first).
-        max_iter, tol, weighting, bias_weight, qk_weight, unit_cost, inner, init: weight
+        max_iter, tol, weighting, bias_weight, role_weights, unit_cost, inner, init: weight
             matching's options (see :class:`glmc.matching.options.WeightMatchingOptions`).
         token_counts: (vocab,) counts; vocabulary rows of unseen tokens do not count.
         data: the training data of data-driven methods (a loaded dataset, or a name or path
@@ -61,7 +61,7 @@ class AlignOptions:
     tol: float = _WM.tol
     weighting: str = _WM.weighting
     bias_weight: float = _WM.bias_weight
-    qk_weight: float = _WM.qk_weight
+    role_weights: dict[str, float] = field(default_factory=dict)
     unit_cost: str = _WM.unit_cost
     inner: str | None = None
     init: str = _WM.init
@@ -89,7 +89,8 @@ class AlignOptions:
                         hand_over: bool = False) -> WeightMatchingOptions:
         return WeightMatchingOptions(
             residual=self.residual, max_iter=self.max_iter, tol=self.tol,
-            weighting=self.weighting, bias_weight=self.bias_weight, qk_weight=self.qk_weight,
+            weighting=self.weighting, bias_weight=self.bias_weight,
+            role_weights=dict(self.role_weights),
             unit_cost=self.unit_cost, inner=self.inner, init=self.init,
             row_masks=row_masks or {}, hand_over=hand_over)
 
