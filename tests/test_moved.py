@@ -156,3 +156,21 @@ def test_a_folder_changed_since_it_was_loaded_is_not_read_again(h, tmp_path):
     for make in (moved.skeleton, moved.whole):
         with pytest.raises(glmc.errors.GlmcError, match="changed on disk since it was loaded"):
             make()
+
+
+@pytest.mark.parametrize("stock", [True, False])
+def test_what_cannot_be_written_as_it_is_made_is_written_whole(h, tmp_path, monkeypatch,
+                                                              budget, stock):
+    """Where tensors cannot be written one at a time (a big-endian machine, a dtype the
+    writer does not name), the model is made whole and written by the whole path: the same
+    files, no part made."""
+    from glmc.io.files import TensorFile
+
+    fa, fb = save_pair(h, tmp_path, "gpt2")
+    al = glmc.align(load_model(fa), load_model(fb), max_iter=1)
+    moved = Moved(fb, al.b, al.transform)
+    monkeypatch.setattr(TensorFile, "writable", staticmethod(lambda dtypes: False))
+    assert write_both(tmp_path, moved, stock=stock) == (("hf", "hf") if stock else
+                                                        ("glmc (stock export not requested)",) * 2)
+    assert not budget
+    assert_same(written(tmp_path / "whole"), written(tmp_path / "parts"))

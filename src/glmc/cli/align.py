@@ -106,9 +106,9 @@ def load_pair(args: argparse.Namespace, keep_stock: bool = False,
 
 def release_memory() -> None:
     """Free what reference cycles still hold (objects of other libraries') and hand the
-    heap's free memory back to the system (glibc's
-    ``malloc_trim``, where there is one), between the phases of a command on large models:
-    the next phase's peak does not then sit on the last one's leftovers."""
+    heap's free memory back to the system (glibc's ``malloc_trim``, where there is one),
+    between the phases of a command on large models: the next phase's peak does not then
+    sit on the last one's leftovers."""
     import gc
 
     from glmc.matching.workspace import release_freed
@@ -286,8 +286,8 @@ def _run(args: argparse.Namespace) -> int:
     release_memory()
     parts = None
     if moved is not None:  # (a narrower B is embedded into A's widths whole)
-        aligned = moved.skeleton()
-        aligned, parts = (moved.whole(), None) if aligned is None else (aligned, moved)
+        skeleton = moved.skeleton()
+        aligned, parts = (moved.whole(), None) if skeleton is None else (skeleton, moved)
     clock = phase(phases, "match", clock)
     # (release: the written model is dropped as it is written, before the temporary folder
     # is certified, so that it is not in memory beside its read-back copy; OUT takes its

@@ -31,6 +31,7 @@ from glmc.io.files import (
     WEIGHTS,
     TensorFile,
     stored_dtype,
+    write_glmc,
     write_glmc_config,
     write_hf_config,
 )
@@ -118,6 +119,8 @@ class Moved:
         try:
             hf_config, out = importer.to_stock(skeleton.with_state(dict(unread)))
         except Unreadable:
+            out = None
+        if out is None or not self._writable(out):
             write_stock(folder, importer, self.whole(), release=True)
             return
         sources = {n: t.sources if isinstance(t, Absent) else frozenset()
@@ -137,10 +140,18 @@ class Moved:
         """Write the moved model into ``folder`` as a glmc folder (canonical tensors), part
         by part."""
         skeleton = self._shaped()
+        if not self._writable(skeleton.state):
+            write_glmc(folder, self.whole(), release=True)
+            return
         names = sorted(skeleton.state)
         self._write(folder, {n: skeleton.state[n] for n in names},
                     {n: frozenset([n]) for n in names}, self.part)
         write_glmc_config(folder, skeleton)
+
+    def _writable(self, state: dict[str, torch.Tensor]) -> bool:
+        """Whether the tensors of ``state`` can be written as they are made (else: whole,
+        by safetensors' own writer: a big-endian machine, a dtype it names otherwise)."""
+        return TensorFile.writable(d for _, _, d in _layout(state, stored_dtype(self._shaped())))
 
     def _write(self, folder: Path, shapes: dict[str, torch.Tensor],
                sources: dict[str, frozenset[str]],

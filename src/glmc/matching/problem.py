@@ -52,11 +52,8 @@ def tensor_weights(spec: SymmetrySpec, state: StateDict, scheme: str,
     ``role_weights[r]``."""
     if scheme not in WEIGHTINGS:
         raise GlmcError(f"unknown weighting {scheme!r} (one of {', '.join(WEIGHTINGS)})")
-    factor: dict[str, float] = {}
-    for s, role in spec.roles.items():
-        if (role_weights or {}).get(role, 1.0) != 1.0:
-            for n, _, _ in spec.occurrences(s):
-                factor[n] = role_weights[role]  # type: ignore[index]
+    factor = {n: (role_weights or {})[role] for s, role in spec.roles.items()
+              if role in (role_weights or {}) for n, _, _ in spec.occurrences(s)}
     w = {}
     for name in spec.axes:
         if scheme == "none":

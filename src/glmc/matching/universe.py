@@ -91,17 +91,17 @@ class Agreement:
         return {n: apply_axes(x, self.spec.axes[n], elements)
                 for n, x in self.states[i].items()}
 
+    def term(self, name: str, elements: list[dict[str, Element]]) -> torch.Tensor:
+        """Tensor ``name``'s part of F: (‖Σ_i A_i‖² − Σ_i ‖A_i‖²) / 2 (A_i: model i's
+        tensor moved)."""
+        tags = self.spec.axes[name]
+        moved = [apply_axes(state[name], tags, el)
+                 for state, el in zip(self.states, elements, strict=True)]
+        return (sum(moved).pow(2).sum() - sum(x.pow(2).sum() for x in moved)) / 2
+
     def value(self, elements: list[dict[str, Element]]) -> torch.Tensor:
-        """F = (‖Σ_i A_i‖² − Σ_i ‖A_i‖²) / 2 over every tensor (A_i: model i moved)."""
-        total, own = 0.0, 0.0
-        sums: dict[str, torch.Tensor] = {}
-        for i, el in enumerate(elements):
-            for n, x in self.moved(i, el).items():
-                sums[n] = x if n not in sums else sums[n] + x
-                own = own + x.pow(2).sum()
-        for x in sums.values():
-            total = total + x.pow(2).sum()
-        return (total - own) / 2
+        """F, the sum of every tensor's :meth:`term`."""
+        return sum(self.term(name, elements) for name in self.spec.axes)
 
     def gradient(self, elements: list[dict[str, Element]], xs: list[dict[str, torch.Tensor]],
                  ) -> tuple[float, list[dict[str, torch.Tensor]]]:
@@ -109,26 +109,20 @@ class Agreement:
         them as Matrix elements), tensor by tensor: each tensor's term is differentiated on
         its own and its graph freed, so that one tensor's moved copies are held at a time,
         never every model's whole graph."""
-        flat = [x for x_i in xs for x in x_i.values()]
-        grads = [torch.zeros_like(x) for x in flat]
+        grads = [{s: torch.zeros_like(x) for s, x in x_i.items()} for x_i in xs]
         total = 0.0
         for name, tags in self.spec.axes.items():
-            spaces = {s for tag in tags for s, _ in tag or ()}
-            moved = [apply_axes(state[name], tags, el)
-                     for state, el in zip(self.states, elements, strict=True)]
-            term = (sum(moved).pow(2).sum() - sum(x.pow(2).sum() for x in moved)) / 2
+            term = self.term(name, elements)
             total += float(term.detach())
-            wrt = [(k, x) for k, x in enumerate(flat) if x.requires_grad
-                   and any(x is x_i.get(s) for x_i in xs for s in spaces)]
+            spaces = {s for tag in tags for s, _ in tag or ()}
+            wrt = [(i, s) for i, x_i in enumerate(xs) for s in spaces
+                   if s in x_i and x_i[s].requires_grad]
             if wrt:
-                for (k, _), g in zip(wrt, torch.autograd.grad(term, [x for _, x in wrt]),
+                for (i, s), g in zip(wrt, torch.autograd.grad(term, [xs[i][s] for i, s in wrt]),
                                      strict=True):
-                    grads[k] += g
-            del moved, term
-        out, it = [], iter(grads)
-        for x_i in xs:
-            out.append({s: next(it) for s in x_i})
-        return total, out
+                    grads[i][s] += g
+            del term
+        return total, grads
 
     def along(self, fixed: list[dict[str, Element]], xs: list[dict[str, torch.Tensor]],
               dirs: list[dict[str, torch.Tensor]]) -> list[float]:
