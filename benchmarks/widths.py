@@ -4,12 +4,17 @@ A is the demo's GPT-2 (3 layers, d = 128, 4 heads, seed 0, from the demo's cache
 the same recipe at residual width d_A/2, d_A/4, d_A/8 (MLP 4·d, heads of A's dimension where
 they fit: 2 heads at d = 64, 1 below), seed 1. B is embedded exactly into A's shapes (zero
 units and heads, the stream scaled; glmc.families.transformer.widen), then aligned by weight
-matching and by learned matching (the library's defaults, on the training split), and the
-test-loss barrier of the line between A and B at A's width measured as ``glmc barrier`` does.
-Prints a table, writes JSON and a plot of the barriers against d_B/d_A.
+matching and by learned matching (on the training split), and the loss barrier of the line
+between A and B at A's width measured on ``--split`` as ``glmc barrier`` does. Prints a
+table, writes JSON and (on the test split) a plot of the barriers against d_B/d_A.
 
-    python benchmarks/widths.py --cache /work/cache
-    python benchmarks/widths.py --ratios 2 --steps-learned 200 --out /tmp/widths.json
+``--variants`` screens choices on the validation split, each ``FILL:LAMBDA``: FILL ``fill``
+(B's free entries take A's values: the library's way) or ``zeros`` (they stay zero, as B was
+embedded); LAMBDA learned matching's λ distribution, or ``default`` (the library's).
+
+    python benchmarks/widths.py                                    # the test split, defaults
+    python benchmarks/widths.py --split val --variants zeros:uniform:0.4,0.6 fill:default \
+        --out benchmarks/results/widths_screen.json
 """
 
 from __future__ import annotations
@@ -23,8 +28,19 @@ from _common import HERE, RESULTS, machine, provenance, write_json
 from glmc.barrier import run_barrier
 from glmc.demo import model_folder, train_models
 from glmc.demo import pairs as demo_pairs
+from glmc.io.folders import canonical, load_model
 from glmc.matching.options import LearnedMatchingOptions
 from glmc.methods import AlignOptions
+from glmc.model import CanonicalModel, fitted
+
+
+def variant(spec: str) -> tuple[bool, str | None]:
+    """``FILL:LAMBDA`` -> (fill, λ distribution or None for the library's default)."""
+    fill, _, lam = spec.partition(":")
+    if fill not in ("fill", "zeros") or not lam:
+        raise argparse.ArgumentTypeError(f"bad variant {spec!r}: FILL:LAMBDA, FILL fill or "
+                                         "zeros, LAMBDA a distribution or default")
+    return fill == "fill", None if lam == "default" else lam
 
 
 def main() -> None:
@@ -33,8 +49,12 @@ def main() -> None:
     ap.add_argument("--ratios", type=int, nargs="*", default=[2, 4, 8],
                     help="d_A / d_B of each B")
     ap.add_argument("--steps-learned", type=int, default=1000)
+    ap.add_argument("--split", default="test", choices=("val", "test"))
+    ap.add_argument("--variants", nargs="*", default=["fill:default"],
+                    help="FILL:LAMBDA, each (see above)")
     ap.add_argument("--out", type=Path, default=RESULTS / "widths.json")
     args = ap.parse_args()
+    variants = [(v, *variant(v)) for v in args.variants]
     demo = {p.key: p for p in demo_pairs(quick=False)}["shakespeare"]
     a = model_folder(args.cache, demo, 0)
     jobs = [(dataclasses.replace(demo.train, seed=0), a)]
@@ -47,25 +67,44 @@ def main() -> None:
         narrow[r] = model_folder(args.cache, pair, 1)
         jobs.append((cfg, narrow[r]))
     train_models([(c, f) for c, f in jobs if not f.exists()], 2, print)
-    learned = LearnedMatchingOptions(steps=args.steps_learned)
     rows = []
     for r, b in narrow.items():
-        rep = run_barrier(str(a), str(b), "shakespeare", methods=("weight", "learned"),
-                          options=AlignOptions(learned=learned))
-        row = {"ratio": 1 / r, "d_b": demo.train.n_embd // r, "b": str(b),
-               "loss_a": rep.methods["weight"].loss_a, "loss_b": rep.methods["weight"].loss_b,
-               **{f"barrier_{m}": res.loss_barrier for m, res in rep.methods.items()}}
-        rows.append(row)
-        print(f"d_B = {row['d_b']} ({row['ratio']:g} of A): loss A {row['loss_a']:.3f}, B "
-              f"{row['loss_b']:.3f}; barrier weight {row['barrier_weight']:.3f}, learned "
-              f"{row['barrier_learned']:.3f}", flush=True)
-    print("| d_B / d_A | d_B | loss A | loss B | weight matching | learned matching |")
-    print("|---|---|---|---|---|---|")
+        ma = canonical(load_model(a))
+        embedded = fitted(ma, canonical(load_model(b)))
+        for name, fill, lam in variants:
+            mb = embedded if fill else CanonicalModel(embedded.config, embedded.state,
+                                                      embedded.files)
+            learned = LearnedMatchingOptions(steps=args.steps_learned, lam=lam)
+            rep = run_barrier(load_model(a), mb, "shakespeare", methods=("weight", "learned"),
+                              split=args.split, options=AlignOptions(learned=learned))
+            w = rep.methods["weight"]
+            row = {"ratio": 1 / r, "d_b": demo.train.n_embd // r, "b": str(b),
+                   "variant": name, "lam": learned.lam_for(narrower=True),
+                   "loss_a": w.loss_a, "loss_b": w.loss_b,
+                   **{f"barrier_{m}": res.loss_barrier for m, res in rep.methods.items()},
+                   "curves": {m: [x - (lam_ * res.loss_a + (1 - lam_) * res.loss_b)
+                                  for lam_, x in zip(rep.lambdas, res.losses, strict=True)]
+                              for m, res in rep.methods.items()},
+                   "seconds_learned": rep.methods["learned"].align_seconds}
+            rows.append(row)
+            print(f"d_B = {row['d_b']} ({row['ratio']:g} of A), {name}: loss A "
+                  f"{row['loss_a']:.3f}, B {row['loss_b']:.3f}; barrier weight "
+                  f"{row['barrier_weight']:.3f}, learned {row['barrier_learned']:.3f}; "
+                  "learned's curve " + " ".join(f"{x:.3f}" for x in row["curves"]["learned"]),
+                  flush=True)
+    print(f"| d_B / d_A | d_B | variant | loss A | loss B | weight matching | learned matching "
+          f"| ({args.split} split) |")
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['ratio']:g} | {row['d_b']} | {row['loss_a']:.3f} | {row['loss_b']:.3f} "
-              f"| {row['barrier_weight']:.3f} | {row['barrier_learned']:.3f} |")
+        print(f"| {row['ratio']:g} | {row['d_b']} | {row['variant']} | {row['loss_a']:.3f} | "
+              f"{row['loss_b']:.3f} | {row['barrier_weight']:.3f} | "
+              f"{row['barrier_learned']:.3f} |")
     write_json(args.out, {"benchmark": "widths", "machine": machine(), "run": provenance(),
+                          "split": args.split, "steps_learned": args.steps_learned,
                           "a": str(a), "rows": rows})
+    if args.split != "test" or len(variants) != 1:
+        print(f"wrote {args.out}")
+        return
     import matplotlib
 
     matplotlib.use("Agg")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import images, random_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from glmc.errors import GlmcError
 from glmc.families.transformer.widen import embed_into
@@ -33,6 +35,47 @@ def test_the_embedding_computes_the_narrow_models_function(h, arch):
     assert h.rel_diff(t.logits(x), h.canonical_output(wide, x)) < tol
     if arch == "gpt2":  # (a centred stream stays centred: written back as A's stock class)
         assert wide.uncentred_writer() is None
+
+
+@settings(max_examples=6, deadline=None)
+@given(arch=st.sampled_from(list(WIDE)), seed=st.integers(0, 2**16))
+def test_the_free_entries_are_not_read(h, arch, seed):
+    """Whatever the entries the embedding marks free hold, B's function is unchanged, and
+    they are every padded entry but the writers' and the keys' (float64, 1e-12)."""
+    a = h.make_tiny(arch, seed=0, **WIDE[arch]).canonical()
+    t = h.make_tiny(arch, seed=1, **NARROW[arch])
+    wide = embed_into(t.canonical(), a.config)
+    g = torch.Generator().manual_seed(seed)
+    noisy = {k: torch.where(wide.free[k], torch.randn(v.shape, generator=g, dtype=F64), v)
+             if k in wide.free else v for k, v in wide.state.items()}
+    x = t.inputs()
+    tol = 1e-5 if arch == "llama" else 1e-12
+    assert h.rel_diff(t.logits(x), h.canonical_output(wide.with_state(noisy), x)) < tol
+    for name in ("blocks.0.attn.q.weight", "blocks.0.attn.v.weight", "blocks.0.mlp.fc.weight"
+                 if arch != "llama" else "blocks.0.mlp.gate.weight", "head.weight"):
+        assert bool(wide.free[name].any()) and not bool(wide.state[name][wide.free[name]].any())
+    assert not any(k.endswith((".o.weight", ".proj.weight")) or k.startswith("embed.")
+                   for k in wide.free)
+
+
+@settings(max_examples=6, deadline=None)
+@given(arch=st.sampled_from(list(WIDE)), seed=st.integers(0, 2**16))
+def test_aligned_to_a_the_free_entries_take_as_values(h, arch, seed):
+    """B embedded, moved by a random element of its group with A as ``like``: its free
+    entries, brought back, are A's brought back; the function is B's (float64)."""
+    a = h.make_tiny(arch, seed=0, **WIDE[arch]).canonical()
+    t = h.make_tiny(arch, seed=1, **NARROW[arch])
+    b = embed_into(t.canonical(), a.config)
+    sub = {"residual": "fix_ones"} if arch == "gpt2" else {}
+    tr = Transform.random(b.spec, torch.Generator().manual_seed(seed), subgroups=sub)
+    moved = b.transformed(tr, like=a)
+    back, a_back = (m.transformed(tr.inverse(b.spec)).state for m in (moved, a))
+    for name, mask in b.free.items():
+        assert torch.allclose(back[name][mask], a_back[name][mask], atol=1e-10)
+        assert torch.allclose(back[name][~mask], b.state[name][~mask], atol=1e-10)
+    x = t.inputs()
+    tol = 1e-5 if arch == "llama" else 1e-10
+    assert h.rel_diff(t.logits(x), h.canonical_output(moved, x)) < tol
 
 
 def test_a_narrow_model_projected_from_a_wide_one_is_recovered(h):
@@ -67,6 +110,19 @@ def test_align_and_merge_a_narrower_model_at_the_wider_width(h, tmp_path):
     assert report["certificate"]["equal"]
     out = AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True)
     assert out.config.n_embd == 32
+    # (written from B's folder, B's free entries took A's values as in memory; the stock
+    # class's import centres the readers on the stream, which a LayerNorm model's never
+    # see: compared centred)
+    import glmc
+
+    written = glmc.load(tmp_path / "out").canonical.state
+    aligned = glmc.align(tmp_path / "a", tmp_path / "b").aligned
+    assert aligned.free == {} and set(written) == set(aligned.state)
+    for name, x in aligned.state.items():
+        y = written[name]
+        if x.dim() == 2 and x.shape[1] == 32:
+            x, y = x - x.mean(1, keepdim=True), y - y.mean(1, keepdim=True)
+        assert torch.allclose(y, x, atol=1e-5), name
     assert main(["merge", str(tmp_path / "a"), str(tmp_path / "b"), "-o",
                  str(tmp_path / "merged")]) == 0
 
@@ -180,3 +236,27 @@ def test_convnets_wider_in_b_or_with_channel_layernorm_are_refused():
     a, b = convnet("mlp", 0, hidden=16), convnet("mlp", 1, hidden=8, depth=2)
     with pytest.raises(GlmcError, match=r"depth \(3 in A, 2 in B\).*only their widths"):
         fitted(a, b)
+
+
+def test_learned_matchings_path_fills_a_narrower_b_from_a(h):
+    """On learned matching's path, a narrower B's free entries take A's values through the
+    latents' elements at every step: at λ = 0 the path is B moved with A as ``like``, B's
+    function (float64); and the default λ spans the whole segment for such a pair."""
+    from glmc.matching.learned import Latents, PathModel
+    from glmc.matching.options import LearnedMatchingOptions
+
+    a = h.make_tiny("gpt2", seed=0, **WIDE["gpt2"]).canonical()
+    t = h.make_tiny("gpt2", seed=1, **NARROW["gpt2"])
+    b = embed_into(t.canonical(), a.config)
+    init = weight_matching(a, b).transform
+    latents = Latents(a, b, init, "orthogonal", "invertible", True)
+    path = PathModel(a, b, latents, torch.float64)
+    at_b = path.state(0.0)
+    want = b.transformed(latents.transform(), like=a).state
+    assert all(torch.allclose(at_b[k], want[k], atol=1e-12) for k in want)
+    assert not torch.allclose(at_b["blocks.0.mlp.fc.weight"],
+                              b.transformed(latents.transform()).state["blocks.0.mlp.fc.weight"])
+    x = t.inputs()
+    assert h.rel_diff(t.logits(x), h.canonical_output(a.with_state(at_b), x)) < 1e-10
+    assert LearnedMatchingOptions().lam_for(narrower=True) == "uniform:0,1"
+    assert LearnedMatchingOptions().lam_for(narrower=False) == "uniform:0.4,0.6"

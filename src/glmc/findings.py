@@ -62,7 +62,7 @@ def wm_iterations(a: CanonicalModel, b: CanonicalModel, evaluator: Evaluator,
                                 into.append((k, t)))
         rel = [math.nan] + [row["relative"] for row in match.trace]
         for (k, t), r in zip(snapshots, rel, strict=True):
-            bt = t.apply(b.spec, b.state)
+            bt = b.transformed(t, like=a).state
             mid = interpolate(a.state, bt, 0.5)
             study.iterations.append(k)
             study.midpoint_barrier.append(evaluator.evaluate(mid).loss - ends)

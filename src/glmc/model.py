@@ -16,7 +16,7 @@ from torch import nn
 from glmc.errors import GlmcError
 from glmc.families.registry import family_of
 from glmc.symmetry.spec import SymmetrySpec
-from glmc.symmetry.transform import Transform
+from glmc.symmetry.transform import Transform, filled
 from glmc.tensors import StateDict
 
 
@@ -28,11 +28,18 @@ class CanonicalModel:
     describe the function (a BatchNorm's running statistics). ``files`` (name -> text:
     ``glmc_tokenizer.json``, ``generation_config.json``) are read beside the weights, kept by
     every rewrite and written into every output folder.
+
+    ``free`` (name -> boolean mask of the tensor's shape): entries the function does not read,
+    whatever they hold (a narrower model embedded into wider shapes: the inputs of its padded
+    units and heads, its readers' columns on the padded stream). Aligned to another model, they
+    take that model's values (:meth:`transformed`'s ``like``). Kept by the rewrites that keep
+    the coordinates (:meth:`to`, :meth:`with_files`), dropped by the others.
     """
 
     config: Any
     state: StateDict
     files: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    free: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def family(self) -> Any:
@@ -60,13 +67,21 @@ class CanonicalModel:
 
     def with_files(self, files: dict[str, str]) -> CanonicalModel:
         """The same model carrying ``files`` as well (they win over its own of that name)."""
-        return CanonicalModel(self.config, self.state, {**self.files, **files})
+        return CanonicalModel(self.config, self.state, {**self.files, **files}, self.free)
 
-    def transformed(self, transform: Transform) -> CanonicalModel:
-        return self.with_state(transform.apply(self.spec, self.state))
+    def transformed(self, transform: Transform,
+                    like: CanonicalModel | None = None) -> CanonicalModel:
+        """The model moved by ``transform`` (the same function). ``like``: the model it is
+        aligned to, whose values the free entries take (see the class docstring), so that
+        they add nothing to the distance between the two."""
+        state = self.state
+        if like is not None and self.free:
+            state = filled(self.spec, state, self.free, like.state, transform.elements)
+        return self.with_state(transform.apply(self.spec, state))
 
     def to(self, dtype: torch.dtype) -> CanonicalModel:
-        return self.with_state({k: v.to(dtype) for k, v in self.state.items()})
+        return CanonicalModel(self.config, {k: v.to(dtype) for k, v in self.state.items()},
+                              self.files, self.free)
 
     @property
     def dtype(self) -> torch.dtype:

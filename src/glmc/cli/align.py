@@ -279,8 +279,8 @@ def _run(args: argparse.Namespace) -> int:
     lines, transform = summary(args, al), al.transform
     # (handed over, the models are empty: B aligned is made from its folder part by part
     # as it is written, once the matching's copies are freed; else it is in memory)
-    moved = Moved(Path(args.b), al.b, transform, stamp, args.allow_pickle) if hand_over \
-        else None
+    moved = Moved(Path(args.b), al.b, transform, stamp, args.allow_pickle,
+                  fill_from=Path(args.a)) if hand_over else None
     aligned = None if hand_over else al.aligned.to(torch.float32)
     del al, a, b  # (released before OUT is written and read back for the certificate)
     release_memory()

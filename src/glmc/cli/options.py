@@ -8,6 +8,8 @@ from pathlib import Path
 from glmc.defaults import CORRECTIONS, MAX_POINTS
 from glmc.errors import GlmcError
 from glmc.matching.options import (
+    NARROWER_LAMBDA,
+    PAIR_LAMBDA,
     WEIGHTINGS,
     LearnedMatchingOptions,
     WeightMatchingOptions,
@@ -96,7 +98,9 @@ def add_learned_options(p: argparse.ArgumentParser, many: bool = False) -> None:
     g.add_argument("--train-batch-size", type=int, default=d.batch_size,
                    help="global batch (split over the ranks under torchrun)")
     g.add_argument("--lam", default=d.lam,
-                   help="λ distribution: uniform:LO,HI or gaussian:MEAN,STD"
+                   help="λ distribution: uniform:LO,HI or gaussian:MEAN,STD (default: the "
+                   f"paper's {PAIR_LAMBDA}; {NARROWER_LAMBDA} for a narrower B, whose barrier "
+                   "lies off the midpoint)"
                    + (" (two models; N models draw λ from a Dirichlet, and from this on "
                       "--edge-fraction of the steps)" if many else ""))
     if many:
@@ -123,7 +127,8 @@ def add_learned_options(p: argparse.ArgumentParser, many: bool = False) -> None:
 def learned_options(args: argparse.Namespace, out: str | Path | None) -> LearnedMatchingOptions:
     """The options of ``args``; the checkpoint sits beside the output (``.OUT.learned.pt``)."""
     try:  # (the library's message names the value; the user typed --lam)
-        parse_lambda(args.lam)
+        if args.lam is not None:
+            parse_lambda(args.lam)
     except GlmcError as e:
         raise GlmcError(f"--lam: {e}") from None
     d = LearnedMatchingOptions

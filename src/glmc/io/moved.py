@@ -67,6 +67,9 @@ class Moved:
     transform: Transform
     stamp: tuple = ()
     allow_pickle: bool = False
+    #: The folder of the model B was aligned to: a narrower B's free entries take its values
+    #: (``CanonicalModel.transformed``'s ``like``).
+    fill_from: Path | None = None
     _stored: StoredModel | None = field(default=None, init=False, repr=False)
     _skeleton: CanonicalModel | None = field(default=None, init=False, repr=False)
 
@@ -100,6 +103,9 @@ class Moved:
         B embedded into ``like``'s widths first where it is narrower."""
         b = canonical_of(self.stored()).with_files(read_side_files(self.folder))
         b = fitted(self.like, b, str(self.folder))
+        if b.free and self.fill_from is not None:
+            a = canonical_of(open_model(self.fill_from, allow_pickle=self.allow_pickle))
+            return self.like.with_state(b.transformed(self.transform, like=a).state)
         return self.like.with_state(self.transform.apply(b.spec, b.state, consume=True))
 
     def part(self, names: Collection[str]) -> StateDict:

@@ -42,7 +42,7 @@ from glmc.matching.weight import inner_maps
 from glmc.model import CanonicalModel
 from glmc.schedule import lr_factor
 from glmc.symmetry.groups import BlockMatrix, Element, Matrix, Permutation
-from glmc.symmetry.transform import Transform, apply_axes
+from glmc.symmetry.transform import Transform, apply_axes, filled
 from glmc.tensors import StateDict
 
 
@@ -213,6 +213,8 @@ class PathModel:
                              "latents")
         self.spec = a.spec
         self.states = [{k: v.to(dtype) for k, v in m.state.items()} for m in (a, *others)]
+        #: (a narrower model's free entries take the first model's values at every step)
+        self.free = [m.free for m in others]
         self.module = a.module(dtype)
         for p in self.module.parameters():
             p.requires_grad_(False)
@@ -226,10 +228,12 @@ class PathModel:
         w = self.weights(lam)
         els = [m.elements() for m in self.members]
         out = {}
+        states = [filled(self.spec, st, free, self.states[0], e) if free else st
+                  for st, free, e in zip(self.states[1:], self.free, els, strict=True)]
         for n, x0 in self.states[0].items():
             tags = self.spec.axes.get(n)
             acc = w[0] * x0
-            for wi, st, e in zip(w[1:], self.states[1:], els, strict=True):
+            for wi, st, e in zip(w[1:], states, els, strict=True):
                 acc = acc + wi * (apply_axes(st[n], tags, e) if tags else st[n])
             out[n] = acc
         return out
@@ -323,7 +327,7 @@ class _Run:
         ``where``: ``points``, ``sample`` and ``vertices`` (default: the pair's)."""
         optim = _optimiser(latents, opts)
         where.setdefault("points", opts.eval_lambdas)
-        where.setdefault("sample", _lambda_sampler(opts.lam))
+        where.setdefault("sample", _lambda_sampler(opts.lam_for(False)))
         where.setdefault("vertices", (1.0, 0.0))
         return cls(latents, optim, torch.optim.lr_scheduler.LambdaLR(optim, _schedule(opts)),
                    torch.Generator().manual_seed(opts.seed),
@@ -423,7 +427,8 @@ def learned_matching(
     latents = Latents(a, b, init, opts.residual, inner, fix_ones)
     path = PathModel(a, b, latents, getattr(torch, opts.dtype))
     result = _fit(a, path, latents, LearnedResult(transform=init), data, opts,
-                  {"inner": inner, "fix_ones": fix_ones}, progress)
+                  {"inner": inner, "fix_ones": fix_ones}, progress,
+                  sample=_lambda_sampler(opts.lam_for(narrower=bool(b.free))))
     result.transform = latents.transform()
     result.distance = distance(init, result.transform)
     return result
@@ -484,7 +489,7 @@ def learned_many(
     coordinates, the first the identity: e.g. MergeMany's) against the task loss at
     θ(λ) = Σ_i λ_i·π_i(θ_i), with λ ~ Dirichlet(α, ..., α) at each step
     (``opts.dirichlet_alpha``), or for ``opts.edge_fraction`` of the steps on a random pair's
-    edge at the pair's λ (``opts.lam``). Models 2..N train their own latents, as in
+    edge at the pair's λ (``opts.lam_for``). Models 2..N train their own latents, as in
     :func:`learned_matching` against the first; validation is at :func:`simplex_points`,
     and the start is the best so far. ``inner`` and ``progress`` as for
     :func:`learned_matching`; ``fix_ones``: for all models after the first, or one each
@@ -508,8 +513,9 @@ def learned_many(
                                     alpha=alpha),
                   data, opts, {"inner": inner, "fix_ones": fix, "models": n,
                                "alpha": alpha, "edge_fraction": opts.edge_fraction}, progress,
-                  points=points, sample=_simplex_sampler(alpha, n, opts.edge_fraction,
-                                                         opts.lam),
+                  points=points, sample=_simplex_sampler(
+                      alpha, n, opts.edge_fraction,
+                      opts.lam_for(narrower=any(bool(m.free) for m in models[1:]))),
                   vertices=vertices)
     result.transforms = [init[0], *latents.transforms()]
     result.distance = {f"model {i + 1}": distance(t0, t) for i, (t0, t) in

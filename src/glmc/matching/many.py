@@ -49,8 +49,10 @@ class Frame:
     trace: list[float] = field(default_factory=list)
 
     def moved(self, models: Sequence[CanonicalModel]) -> list[CanonicalModel]:
-        """The models in the frame (each computes its own function)."""
-        return [m.transformed(t) for m, t in zip(models, self.transforms, strict=True)]
+        """The models in the frame (each computes its own function; a narrower one's free
+        entries take the first model's values)."""
+        return [m.transformed(t, like=models[0])
+                for m, t in zip(models, self.transforms, strict=True)]
 
     def to_json(self) -> dict:
         out = {"method": self.method, "rounds": len(self.rounds),
@@ -132,7 +134,7 @@ def merge_many(models: Sequence[CanonicalModel], opts: WeightMatchingOptions | N
         for i in torch.randperm(n, generator=g).tolist():
             target = models[0].with_state(mean_of_others([m.state for m in moved], i))
             r = weight_matching(target, models[i], opts, where=f"model {i + 1} vs the others")
-            transforms[i], moved[i] = r.transform, models[i].transformed(r.transform)
+            transforms[i], moved[i] = r.transform, models[i].transformed(r.transform, like=target)
             dists[i] = r.relative
         rounds.append(dists)
         if progress is not None:

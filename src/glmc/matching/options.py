@@ -85,6 +85,15 @@ class WeightMatchingOptions:
             raise GlmcError(f"weight matching needs at least 1 iteration, got {self.max_iter}")
 
 
+#: Learned matching's λ between two models of the same widths: the paper's, around the
+#: midpoint, where such a pair's barrier lies.
+PAIR_LAMBDA = "uniform:0.4,0.6"
+#: ... and between A and a narrower B: the whole segment. Their barrier lies off the
+#: midpoint, towards B; trained around the midpoint, the demo's GPT-2 and one of half its
+#: width were left with a validation barrier of 0.21 at λ = 0.2, trained on the whole
+#: segment 0.06 (benchmarks/README.md, widths).
+NARROWER_LAMBDA = "uniform:0,1"
+
 
 @dataclass
 class LearnedMatchingOptions:
@@ -100,8 +109,10 @@ class LearnedMatchingOptions:
     weight_decay: float = 0.0
     warmup: int = 10
     clip: float = 1.0
-    #: λ distribution: "uniform:LO,HI" (the paper: 0.4,0.6), "gaussian:MEAN,STD", "uniform:0,1"
-    lam: str = "uniform:0.4,0.6"
+    #: λ distribution: "uniform:LO,HI" (the paper: 0.4,0.6), "gaussian:MEAN,STD", "uniform:0,1";
+    #: None: :data:`PAIR_LAMBDA` for models of the same widths, :data:`NARROWER_LAMBDA` for a
+    #: narrower B (see :meth:`lam_for`)
+    lam: str | None = None
     #: N models: λ ~ Dirichlet(α, ..., α) on the simplex at each step. 3 left the lowest mean
     #: validation barrier over three-model GPT-2 and ViT sets (0.130 and -0.017; 1: 0.126 and
     #: 0.031; 10: 0.157 and 0.021; the paper's 0.1: 0.204 and 0.269; benchmarks/README.md)
@@ -148,7 +159,14 @@ class LearnedMatchingOptions:
         for ok, message in checks:
             if not ok:
                 raise GlmcError(f"learned matching: {message}")
-        parse_lambda(self.lam)  # a bad distribution fails here, before any work
+        if self.lam is not None:
+            parse_lambda(self.lam)  # a bad distribution fails here, before any work
+
+    def lam_for(self, narrower: bool) -> str:
+        """The λ distribution of a pair (``narrower``: B embedded into A's widths)."""
+        if self.lam is not None:
+            return self.lam
+        return NARROWER_LAMBDA if narrower else PAIR_LAMBDA
 
 
 def parse_lambda(spec: str) -> tuple[str, float, float]:

@@ -46,7 +46,7 @@ def token_masks(a: CanonicalModel, counts: torch.Tensor | None) -> dict:
 
 def _moved(a: CanonicalModel, b: CanonicalModel, t: Transform, match: MatchResult | None,
            learned: LearnedResult | None = None) -> Alignment:
-    return Alignment(a, b, b.transformed(t), t, match, learned)
+    return Alignment(a, b, b.transformed(t, like=a), t, match, learned)
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,29 @@ def apply_axes(
     return x
 
 
-def unapply_axes(x: torch.Tensor, tags: tuple, elements: dict[str, Element]) -> torch.Tensor:
+def unapply_axes(x: torch.Tensor, tags: tuple,
+                 elements: Mapping[str, Element]) -> torch.Tensor:
     """Undo ``apply_axes(x, tags, elements)`` (inverses, in reverse order)."""
     for axis, tag in enumerate(tags):
         for space, variance in reversed(tag or ()):
             if space in elements:
                 x = elements[space].inverse().apply(x, axis, variance)
     return x
+
+
+def filled(spec: SymmetrySpec, state: Mapping[str, torch.Tensor],
+           free: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor],
+           elements: Mapping[str, Element]) -> StateDict:
+    """``state`` with the entries ``free`` marks (name -> boolean mask) taken from ``like``
+    brought into ``state``'s coordinates (the elements undone), so that once ``elements``
+    act they equal ``like``'s own. Differentiable in ``elements`` (learned matching fills
+    at every step); the other tensors are ``state``'s, not copied."""
+    out = dict(state)
+    for name, mask in free.items():
+        tags = spec.axes.get(name)
+        there = unapply_axes(like[name], tags, elements) if tags else like[name]
+        out[name] = torch.where(mask, there.to(state[name].dtype), state[name])
+    return out
 
 
 def _outers(spec: SymmetrySpec, space: str) -> list[tuple[str, int]]:

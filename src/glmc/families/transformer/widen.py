@@ -18,6 +18,15 @@ axis with zeros and keeps B's function:
 
 Aligning the embedded B to A with an orthogonal residual map is aligning B's stream to a
 d_B-dimensional subspace of A's: a rectangular map with orthonormal columns.
+
+Not all of the padding must be zero: only what writes. A padded unit's or head's inputs (its
+rows in the fc/gate, query, key and value projections) are never read, since its output
+columns are zero; nor are the readers' columns on the padded stream, which is zero; nor a
+query's padded head dimensions, since the key's are zero. These entries are B's *free* ones
+(``CanonicalModel.free``): aligned to A, B takes A's values there (brought back through the
+transform), which changes nothing of B's function and makes the path between the two keep
+A's units whole (their inputs are A's at every λ, their outputs scaled by λ) instead of
+fading their inputs and outputs together.
 """
 
 from __future__ import annotations
@@ -78,12 +87,42 @@ def _heads(x: torch.Tensor, b: CanonicalConfig, a: CanonicalConfig, query: bool)
 
 
 def embed_into(model: CanonicalModel, a: CanonicalConfig, where: str = "") -> CanonicalModel:
-    """``model`` (B) as a model of A's config ``a`` that computes B's function."""
+    """``model`` (B) as a model of A's config ``a`` that computes B's function, its free
+    entries marked (``CanonicalModel.free``): every padded entry but those of the stream's
+    writers (which keep the padding at zero) and of the keys' padded head dimensions (the
+    queries' take the freedom: a score adds q·k over them)."""
     b = model.config
     check_narrower(a, b, where)
+    out = _embedded(model.state, b, a)
+    # (the padding is where B's entries, all set to one, do not land)
+    used = _embedded({k: torch.ones(v.shape) for k, v in model.state.items()}, b, a)
+    key_dims = _heads(torch.ones(b.kv_heads * b.head_dim), b, a, query=False)
+    groups = torch.arange(a.kv_heads).repeat_interleave(a.head_dim)
+    keep = (key_dims == 0) & (groups < b.kv_heads)  # (the padded dimensions of B's keys)
+    free = {}
+    for name, ones in used.items():
+        if _writes_the_stream(name):
+            continue
+        mask = ones == 0
+        if name.endswith(".k.weight") or name.endswith(".k.bias"):
+            mask &= ~keep.reshape(-1, *([1] * (mask.dim() - 1)))
+        if mask.any():
+            free[name] = mask
+    missing = sorted(set(model.state) - set(out))
+    if missing:  # (a tensor this embedding does not know: refuse rather than drop it)
+        raise GlmcError(f"{where or 'B'}: no embedding into a wider model for {missing[0]}")
+    return CanonicalModel(a, out, model.files, free)
+
+
+def _writes_the_stream(name: str) -> bool:
+    return (name.startswith("embed.") or name == "norm_f.bias"
+            or any(name.endswith(f".{n}.{p}") for n in ("o", "proj") for p in ("weight", "bias")))
+
+
+def _embedded(s: StateDict, b: CanonicalConfig, a: CanonicalConfig) -> StateDict:
+    """B's tensors ``s`` laid out in A's shapes, padded with zeros (see :func:`embed_into`)."""
     c = math.sqrt(a.d_model / b.d_model)
     q_scale = b.attn_scale / a.attn_scale
-    s = model.state
     d = a.d_model
     out: StateDict = {}
     for name, x in s.items():
@@ -117,10 +156,7 @@ def embed_into(model: CanonicalModel, a: CanonicalConfig, where: str = "") -> Ca
         out[f"{m}.proj.weight"] = pad_to(s[f"{m}.proj.weight"] * c, (d, a.d_mlp))
         if f"{m}.proj.bias" in s:
             out[f"{m}.proj.bias"] = pad_to(s[f"{m}.proj.bias"] * c, (d,))
-    missing = sorted(set(s) - set(out))
-    if missing:  # (a tensor this embedding does not know: refuse rather than drop it)
-        raise GlmcError(f"{where or 'B'}: no embedding into a wider model for {missing[0]}")
-    return CanonicalModel(a, out, model.files)
+    return out
 
 
 def _heads_rows(cfg: CanonicalConfig, query: bool) -> int:
