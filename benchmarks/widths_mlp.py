@@ -6,10 +6,12 @@ many-models benchmark's first model, from its cache); each B is the same recipe 
 128 or 64 units per layer, seed 1. B is embedded exactly into A's shapes with zero units
 (glmc.families.convnet.widen), then averaged as it is (``canonical``) or after weight,
 activation or learned matching (the library's defaults), and the test-loss barrier of the
-line between A and B at A's width measured as ``glmc barrier`` does. Prints a table, writes
-JSON.
+line between A and B at A's width measured as ``glmc barrier`` does. ``--variants fill
+zeros``: B's free entries (its extra units' weights) take A's values once aligned (the
+library's way), or stay zero as embedded. Prints a table, writes JSON.
 
     python benchmarks/widths_mlp.py --cache /work/cache/many
+    python benchmarks/widths_mlp.py --variants fill zeros
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from pathlib import Path
 from _common import HERE, RESULTS, machine, provenance, write_json
 
 from glmc.barrier import run_barrier
+from glmc.io.folders import canonical, load_model
 from glmc.methods import AlignOptions
+from glmc.model import CanonicalModel, fitted
 from glmc.training import TrainConfig, train
 
 METHODS = ("canonical", "weight", "activation", "learned")
@@ -46,6 +50,7 @@ def main() -> None:
                     help="B's units per layer (A has 512)")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--variants", nargs="*", default=["fill"], choices=("fill", "zeros"))
     ap.add_argument("--out", type=Path, default=RESULTS / "widths_mlp.json")
     args = ap.parse_args()
     import torch
@@ -53,24 +58,27 @@ def main() -> None:
     a = trained(args.cache, 512, 0, args.steps)
     torch.set_num_threads(args.threads)
     rows = []
-    for units in args.units:
+    for units, variant in ((u, v) for u in args.units for v in args.variants):
         b = trained(args.cache, units, 1, args.steps)
         torch.set_num_threads(args.threads)
-        rep = run_barrier(str(a), str(b), "mnist5k", methods=METHODS,
-                          options=AlignOptions(seed=0))
+        mb = fitted(canonical(load_model(a)), canonical(load_model(b)))
+        if variant == "zeros":
+            mb = CanonicalModel(mb.config, mb.state, mb.files)
+        rep = run_barrier(str(a), mb, "mnist5k", methods=METHODS, options=AlignOptions(seed=0))
         first = rep.methods["weight"]
-        row = {"ratio": units / 512, "units_b": units, "b": str(b), "loss_a": first.loss_a,
+        row = {"ratio": units / 512, "units_b": units, "variant": variant, "b": str(b),
+               "loss_a": first.loss_a,
                "loss_b": first.loss_b,
                **{f"barrier_{m}": res.loss_barrier for m, res in rep.methods.items()},
                **{f"acc_barrier_{m}": res.acc_barrier for m, res in rep.methods.items()}}
         rows.append(row)
-        print(f"B {units} units ({row['ratio']:g} of A): loss A {row['loss_a']:.3f}, B "
+        print(f"B {units} units ({row['ratio']:g} of A), {variant}: loss A {row['loss_a']:.3f}, B "
               f"{row['loss_b']:.3f}; barriers "
               + ", ".join(f"{m} {row[f'barrier_{m}']:.3f}" for m in METHODS), flush=True)
-    print("| B / A | B's units | loss A | loss B | " + " | ".join(METHODS) + " |")
-    print("|---|---|---|---|" + "---|" * len(METHODS))
+    print("| B / A | B's units | variant | loss A | loss B | " + " | ".join(METHODS) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(METHODS))
     for row in rows:
-        print(f"| {row['ratio']:g} | {row['units_b']} | {row['loss_a']:.3f} | "
+        print(f"| {row['ratio']:g} | {row['units_b']} | {row['variant']} | {row['loss_a']:.3f} | "
               f"{row['loss_b']:.3f} | "
               + " | ".join(f"{row[f'barrier_{m}']:.3f}" for m in METHODS) + " |")
     write_json(args.out, {"benchmark": "widths_mlp", "machine": machine(),

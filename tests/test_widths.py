@@ -194,10 +194,23 @@ def test_a_narrower_convnet_embedded_computes_its_function(key):
     wide = fitted(a, b)
     assert {k: v.shape for k, v in wide.state.items()} == {k: v.shape for k, v in a.state.items()}
     x = images(a.config)
+    # (whatever the free entries hold: positive values, as a variance's would be)
+    g = torch.Generator().manual_seed(5)
+    noisy = wide.with_state({k: torch.where(wide.free[k], torch.rand(v.shape, generator=g,
+                                                                     dtype=F64) + 0.5, v)
+                             if k in wide.free else v for k, v in wide.state.items()})
+    assert wide.free
     with torch.no_grad():
         want = b.module(F64).eval()(x)
-        got = wide.module(F64).eval()(x)
-    assert float((got - want).abs().max() / want.abs().max()) < 1e-12
+        for model in (wide, noisy):
+            got = model.module(F64).eval()(x)
+            assert float((got - want).abs().max() / want.abs().max()) < 1e-12
+    if key.startswith("resnet"):  # (the stream's writers stay zero; its readers are free)
+        assert "stages.0.0.conv2.weight" not in wide.free
+        assert wide.free["stages.0.0.conv1.weight"][:, -1].all()
+    else:  # (the first layer's extra units: their rows, not their readers' columns)
+        first = "layers.0.weight" if key == "mlp" else "features.0.conv.weight"
+        assert wide.free[first][-1].all() and not wide.free[first][0].any()
 
 
 def test_a_narrow_mlp_cut_from_a_wide_one_is_matched_onto_its_units():

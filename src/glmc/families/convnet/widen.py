@@ -13,9 +13,19 @@ classes) must agree. Every axis that carries a space is padded to A's size, B's 
 A channel LayerNorm cannot be padded (its mean and variance over the channels would see the
 zeros). Aligning the embedded B to A then assigns B's units to a subset of A's: a partial
 assignment, with A's other units matched to B's zero ones.
+
+Only the padding that reaches an output must be zero. An extra unit of a space written once
+(an MLP layer, a VGG conv, a ResNet block's inner channels) is read by zero columns only, so
+what makes it (its weight rows, bias, norm scale, shift and statistics) is *free*
+(``CanonicalModel.free``); a ResNet stream's extra channels are zero, so its readers' columns
+there are free, while its writers, which add up, stay zero.
 """
 
 from __future__ import annotations
+
+from collections import Counter
+
+import torch
 
 from glmc.errors import GlmcError
 from glmc.families.convnet.config import ConvNetConfig
@@ -53,9 +63,23 @@ def embed_into(model: CanonicalModel, a: ConvNetConfig, where: str = "") -> Cano
     check_narrower(a, model.config, where)
     spec_a, spec_b = convnet_spec(a), model.spec
     out: StateDict = {}
+    free: StateDict = {}
+    # (the layers that write each space: weights of two axes or more, norms aside)
+    writers = Counter(tags[0][0][0] for tags in spec_a.axes.values()
+                      if len(tags) > 1 and tags[0])
     for name, x in model.state.items():
         tags = spec_b.axes.get(name, ())
         shape = tuple(spec_a.spaces[tag[0][0]].size if tag else n
                       for tag, n in zip(tags, x.shape, strict=False)) + x.shape[len(tags):]
         out[name] = pad_to(x, shape, 1.0 if name.endswith(".running_var") else 0.0)
-    return CanonicalModel(a, out, model.files)
+        mask = torch.zeros(shape, dtype=torch.bool)
+        for axis, tag in enumerate(tags):
+            if not tag:
+                continue
+            space, variance = tag[0]
+            # (a space written once: what makes its extra units; a stream: its readers)
+            if (variance == "out") == (writers[space] == 1):
+                mask.narrow(axis, x.shape[axis], shape[axis] - x.shape[axis]).fill_(True)
+        if mask.any():
+            free[name] = mask
+    return CanonicalModel(a, out, model.files, free)
