@@ -359,7 +359,9 @@ def run_demo(
         "models": {p.key: {"a": str(model_folder(cache, p, 0)),
                            "b": str(model_folder(cache, p, 1)),
                            "train": dataclasses.asdict(p.train)} for p in experiments},
-        "learned_matching": dataclasses.asdict(options.learned),
+        # (the λ of the demo's pairs, of equal widths, where the option leaves it to the pair)
+        "learned_matching": dataclasses.asdict(options.learned)
+        | {"lam": options.learned.lam_for(narrower=False)},
         "barriers": {k: r.to_json() for k, r in demo.reports.items()},
         "wm_iterations": {k: {g: s.to_json() for g, s in v.items()}
                           for k, v in demo.iterations.items()},

@@ -59,13 +59,16 @@ class LearnedResult:
     #: Validation loss at the eval points of the endpoints' losses interpolated linearly:
     #: the barrier estimate (at the midpoint, for a pair) is best_val minus this.
     baseline_val: float = math.nan
+    #: The λ distribution the steps drew from (a pair's; N models': on their edges).
+    lam: str = ""
 
     def to_json(self) -> dict:
         return {"start_val": self.start_val, "best_val": self.best_val,
                 "best_step": self.best_step, "steps": self.steps,
                 "barrier_estimate": self.best_val - self.baseline_val,
                 "start_barrier_estimate": self.start_val - self.baseline_val,
-                "seconds": round(self.seconds, 3), "distance_from_init": self.distance,
+                "seconds": round(self.seconds, 3), "lam": self.lam,
+                "distance_from_init": self.distance,
                 "log": self.log}
 
 
@@ -426,9 +429,10 @@ def learned_matching(
     _check(opts)
     latents = Latents(a, b, init, opts.residual, inner, fix_ones)
     path = PathModel(a, b, latents, getattr(torch, opts.dtype))
-    result = _fit(a, path, latents, LearnedResult(transform=init), data, opts,
+    lam = opts.lam_for(narrower=bool(b.free))
+    result = _fit(a, path, latents, LearnedResult(transform=init, lam=lam), data, opts,
                   {"inner": inner, "fix_ones": fix_ones}, progress,
-                  sample=_lambda_sampler(opts.lam_for(narrower=bool(b.free))))
+                  sample=_lambda_sampler(lam))
     result.transform = latents.transform()
     result.distance = distance(init, result.transform)
     return result
@@ -508,14 +512,13 @@ def learned_many(
     path = PathModel(models[0], models[1:], list(latents.members), getattr(torch, opts.dtype))
     points = simplex_points(n)
     vertices = tuple(tuple(float(k == i) for k in range(n)) for i in range(n))
+    lam = opts.lam_for(narrower=any(bool(m.free) for m in models[1:]))
     result = _fit(models[0], path, latents,
                   LearnedManyResult(transform=init[0], points=[list(p) for p in points],
-                                    alpha=alpha),
+                                    alpha=alpha, lam=lam),
                   data, opts, {"inner": inner, "fix_ones": fix, "models": n,
                                "alpha": alpha, "edge_fraction": opts.edge_fraction}, progress,
-                  points=points, sample=_simplex_sampler(
-                      alpha, n, opts.edge_fraction,
-                      opts.lam_for(narrower=any(bool(m.free) for m in models[1:]))),
+                  points=points, sample=_simplex_sampler(alpha, n, opts.edge_fraction, lam),
                   vertices=vertices)
     result.transforms = [init[0], *latents.transforms()]
     result.distance = {f"model {i + 1}": distance(t0, t) for i, (t0, t) in
