@@ -103,8 +103,9 @@ class Moved:
         B embedded into ``like``'s widths first where it is narrower."""
         b = canonical_of(self.stored()).with_files(read_side_files(self.folder))
         b = fitted(self.like, b, str(self.folder))
-        if b.free and self.fill_from is not None:
-            a = canonical_of(open_model(self.fill_from, allow_pickle=self.allow_pickle))
+        if b.free and self.fill_from is not None:  # (A's tensors that fill B's, only)
+            a = canonical_of(open_model(self.fill_from, allow_pickle=self.allow_pickle),
+                             only=set(b.free))
             return self.like.with_state(b.transformed(self.transform, like=a).state)
         return self.like.with_state(self.transform.apply(b.spec, b.state, consume=True))
 
