@@ -327,10 +327,10 @@ class _Run:
     def start(cls, latents: Latents | LatentSet, result: LearnedResult,
               opts: LearnedMatchingOptions, setup: dict, **where) -> _Run:
         """A fresh run: AdamW with warm-up and cosine decay, the start as the best so far.
-        ``where``: ``points``, ``sample`` and ``vertices`` (default: the pair's)."""
+        ``where``: ``sample`` (each step's draw: the caller knows whether B is narrower),
+        ``points`` and ``vertices`` (default: the pair's)."""
         optim = _optimiser(latents, opts)
         where.setdefault("points", opts.eval_lambdas)
-        where.setdefault("sample", _lambda_sampler(opts.lam_for(False)))
         where.setdefault("vertices", (1.0, 0.0))
         return cls(latents, optim, torch.optim.lr_scheduler.LambdaLR(optim, _schedule(opts)),
                    torch.Generator().manual_seed(opts.seed),
