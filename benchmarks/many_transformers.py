@@ -16,6 +16,8 @@ the pair's own.
     python benchmarks/many_transformers.py --sets vit-demo --methods weight
     python benchmarks/many_transformers.py --screen-edge-fraction 0 0.5 0.9 \
         --out results/many_transformers_edges.json
+    python benchmarks/many_transformers.py --screen-steps 1000 3000 --screen-alone \
+        --out results/many_transformers_steps.json
 """
 
 from __future__ import annotations
@@ -84,6 +86,30 @@ def _point_barriers(models: list[Path], frame, data: str) -> dict:
     return out
 
 
+def _alone_barriers(models: list[Path], data: str) -> dict:
+    """Validation barrier at the midpoint of each pair aligned alone by learned matching (the
+    library's defaults), minus the pair's mean: what the joint frame's pairs are held to."""
+    from glmc.api import align
+    from glmc.evaluate import evaluate
+    from glmc.io.folders import load_model
+    from glmc.matching.many import weighted_mean
+
+    canon = [load_model(m).canonical for m in models]
+    out = {}
+    for i in range(len(canon)):
+        for j in range(i + 1, len(canon)):
+            t0 = time.perf_counter()
+            b = align(canon[i], canon[j], method="learned", data=data,
+                      options=AlignOptions(seed=0)).aligned
+            ends = [evaluate(m, data, "val").loss for m in (canon[i], b)]
+            mid = evaluate(b.with_state(weighted_mean([canon[i].state, b.state], [0.5, 0.5])),
+                           data, "val").loss
+            out[f"{i + 1}-{j + 1}"] = mid - sum(ends) / 2
+            print(f"pair {i + 1}-{j + 1} alone: validation midpoint barrier "
+                  f"{out[f'{i + 1}-{j + 1}']:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return out
+
+
 def screen(models: list[Path], data: str, settings: list[dict]) -> list[dict]:
     """Learned refinement from MergeMany for each setting (e.g. the Dirichlet α, the edge
     fraction), chosen on validation only: the refinement's own estimate (its validation loss
@@ -107,6 +133,16 @@ def screen(models: list[Path], data: str, settings: list[dict]) -> list[dict]:
     return rows
 
 
+def screens(args) -> tuple[str, list[dict]] | None:
+    """The screen asked for, if any: its name and one options' update per setting."""
+    for name, key, values in (("alpha", "dirichlet_alpha", args.screen_alpha),
+                              ("edge_fraction", "edge_fraction", args.screen_edge_fraction),
+                              ("steps", "steps", args.screen_steps)):
+        if values:
+            return name, [{key: v} for v in values]
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
@@ -125,6 +161,12 @@ def main() -> None:
     ap.add_argument("--screen-edge-fraction", type=float, nargs="+", default=None,
                     metavar="F", help="instead: learned refinement for each edge fraction "
                     "(the default α), on validation data only")
+    ap.add_argument("--screen-steps", type=int, nargs="+", default=None, metavar="S",
+                    help="instead: learned refinement for each number of steps, on "
+                    "validation data only")
+    ap.add_argument("--screen-alone", action="store_true",
+                    help="with a screen: also each pair aligned alone by learned matching, "
+                    "its validation midpoint barrier")
     ap.add_argument("--out", type=Path, default=RESULTS / "many_transformers.json")
     args = ap.parse_args()
     import torch
@@ -135,13 +177,12 @@ def main() -> None:
         models, data = folders(args.cache, key, args.n)
         if args.train_only:
             continue
-        if args.screen_alpha:
-            results[key] = {"screen_alpha": screen(
-                models, data, [{"dirichlet_alpha": a} for a in args.screen_alpha])}
-            continue
-        if args.screen_edge_fraction:
-            results[key] = {"screen_edge_fraction": screen(
-                models, data, [{"edge_fraction": f} for f in args.screen_edge_fraction])}
+        settings = screens(args)
+        if settings:
+            name, rows = settings
+            results[key] = {f"screen_{name}": screen(models, data, rows)}
+            if args.screen_alone:
+                results[key]["val_points_alone"] = _alone_barriers(models, data)
             continue
         results[key] = {}
         runs = [(m, f) for m in args.methods
@@ -158,8 +199,8 @@ def main() -> None:
                   f"{r['seconds']} s", flush=True)
     if args.train_only:
         return
-    if args.screen_alpha or args.screen_edge_fraction:
-        name = "alpha" if args.screen_alpha else "edge_fraction"
+    if screens(args):
+        name = screens(args)[0]
         write_json(args.out, {"benchmark": f"many_transformers_{name}", "machine": machine(),
                               "run": provenance(threads=args.threads), "n": args.n,
                               "results": results})
