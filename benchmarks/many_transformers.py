@@ -33,6 +33,7 @@ from quality import suite
 
 from glmc.demo import train_models
 from glmc.many import many_barrier
+from glmc.matching.options import LearnedMatchingOptions
 from glmc.methods import AlignOptions
 
 SETS = ("gpt2-demo", "vit-demo")
@@ -139,7 +140,9 @@ def screens(args) -> tuple[str, list[dict]] | None:
                               ("edge_fraction", "edge_fraction", args.screen_edge_fraction),
                               ("steps", "steps", args.screen_steps)):
         if values:
-            return name, [{key: v} for v in values]
+            shared = {k: type(getattr(LearnedMatchingOptions(), k))(v) for k, v in
+                      (w.split("=", 1) for w in args.screen_with)}
+            return name, [{**shared, key: v} for v in values]
     return None
 
 
@@ -164,6 +167,9 @@ def main() -> None:
     ap.add_argument("--screen-steps", type=int, nargs="+", default=None, metavar="S",
                     help="instead: learned refinement for each number of steps, on "
                     "validation data only")
+    ap.add_argument("--screen-with", nargs="+", default=[], metavar="NAME=VALUE",
+                    help="with a screen: learned matching's options every setting shares "
+                    "(e.g. steps=3000)")
     ap.add_argument("--screen-alone", action="store_true",
                     help="with a screen: also each pair aligned alone by learned matching, "
                     "its validation midpoint barrier")
