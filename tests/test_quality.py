@@ -29,6 +29,12 @@ PAIRS = {
                  steps=150, batch_size=16, lr=3e-3),
     "vit": dict(arch="vit", data="mnist5k", n_layer=1, n_embd=32, n_head=2, patch_size=7,
                 steps=150, batch_size=32, lr=3e-3),
+    # rotary decoders: Llama with 4 query heads in 2 key/value groups, SwiGLU, RMSNorm;
+    # GPT-NeoX with Pythia's partial rotary and parallel residual
+    "llama": dict(arch="llama", data="shakespeare", n_layer=1, n_embd=32, n_head=4,
+                  n_kv_head=2, context=32, steps=300, batch_size=16, lr=3e-3),
+    "gpt-neox": dict(arch="gpt-neox", data="shakespeare", n_layer=1, n_embd=32, n_head=4,
+                     context=32, steps=300, batch_size=16, lr=3e-3),
 }
 #: The largest share of vanilla averaging's barrier each method may leave on each pair, and
 #: what it was measured to leave (vanilla's barrier: GPT-2 0.402, ViT 0.281):
