@@ -140,8 +140,12 @@ def screens(args) -> tuple[str, list[dict]] | None:
                               ("edge_fraction", "edge_fraction", args.screen_edge_fraction),
                               ("steps", "steps", args.screen_steps)):
         if values:
-            shared = {k: type(getattr(LearnedMatchingOptions(), k))(v) for k, v in
-                      (w.split("=", 1) for w in args.screen_with)}
+            defaults, shared = LearnedMatchingOptions(), {}
+            for w in args.screen_with:
+                k, _, v = w.partition("=")
+                if not hasattr(defaults, k):
+                    raise SystemExit(f"--screen-with {w}: learned matching has no option {k!r}")
+                shared[k] = type(getattr(defaults, k))(v)
             return name, [{**shared, key: v} for v in values]
     return None
 
@@ -179,13 +183,13 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     results: dict = {}
+    screened = screens(args)
     for key in args.sets:
         models, data = folders(args.cache, key, args.n)
         if args.train_only:
             continue
-        settings = screens(args)
-        if settings:
-            name, rows = settings
+        if screened:
+            name, rows = screened
             results[key] = {f"screen_{name}": screen(models, data, rows)}
             if args.screen_alone:
                 results[key]["val_points_alone"] = _alone_barriers(models, data)
@@ -205,8 +209,8 @@ def main() -> None:
                   f"{r['seconds']} s", flush=True)
     if args.train_only:
         return
-    if screens(args):
-        name = screens(args)[0]
+    if screened:
+        name = screened[0]
         write_json(args.out, {"benchmark": f"many_transformers_{name}", "machine": machine(),
                               "run": provenance(threads=args.threads), "n": args.n,
                               "results": results})
