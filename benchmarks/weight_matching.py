@@ -29,14 +29,13 @@ SIZES = {
 }
 
 
-def run_one(name: str, iters: int, tol: float, residual: str) -> dict:
+def independent_pair(name: str):
+    """Two independently initialised GPT-2s of size ``name`` (seeds 0 and 1), canonical."""
     import torch
     from transformers import GPT2Config
 
     from glmc.families import IMPORTERS
-    from glmc.matching.weight import WeightMatchingOptions, weight_matching
 
-    torch.set_num_threads(int(os.environ.get("GLMC_THREADS", os.cpu_count() or 1)))
     n_layer, d, h, f, vocab, ctx = SIZES[name]
     cfg = GPT2Config(n_layer=n_layer, n_embd=d, n_head=h, n_inner=f, vocab_size=vocab,
                      n_positions=ctx, bos_token_id=None, eos_token_id=None)
@@ -47,15 +46,26 @@ def run_one(name: str, iters: int, tol: float, residual: str) -> dict:
         stock = imp.stock_model(cfg)
         models.append(imp.to_canonical(cfg, dict(stock.state_dict())))
         del stock
-    a, b = models
+    return models[0], models[1]
+
+
+def run_one(name: str, iters: int, tol: float, residual: str) -> dict:
+    import torch
+
+    from glmc.matching.weight import WeightMatchingOptions, weight_matching
+
+    torch.set_num_threads(int(os.environ.get("GLMC_THREADS", os.cpu_count() or 1)))
+    a, b = independent_pair(name)
     t0 = time.perf_counter()
     result = weight_matching(a, b, WeightMatchingOptions(max_iter=iters, tol=tol,
                                                          residual=residual))
     total = time.perf_counter() - t0
     phases: dict[str, float] = {}  # wall seconds
     kinds: dict[str, float] = {}  # the unit workers' seconds (they run in parallel)
+    solves: dict[str, float] = {}  # units solved, per kind
     for row in result.trace:
-        for key, into in (("seconds", phases), ("unit_seconds", kinds)):
+        for key, into in (("seconds", phases), ("unit_seconds", kinds),
+                          ("unit_solves", solves)):
             for k, v in row[key].items():
                 into[k] = into.get(k, 0.0) + v
     n_it = len(result.trace)
@@ -65,6 +75,7 @@ def run_one(name: str, iters: int, tol: float, residual: str) -> dict:
         "setup_s": round(total - sum(phases.values()), 2),
         "phases_s": {k: round(v, 2) for k, v in phases.items()},
         "unit_worker_s": {k: round(v, 2) for k, v in kinds.items()},
+        "unit_solves": solves,
         "relative_init": round(result.to_json()["init_relative"], 6),
         "relative_final": round(result.relative, 6),
         "trace": [(r["relative"], r["units_solved"], r["units_changed"]) for r in result.trace],

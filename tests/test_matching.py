@@ -373,6 +373,18 @@ def test_units_solved_in_parallel_give_the_serial_result(h, arch):
             torch.testing.assert_close(e.matrix(F64), other.matrix(F64), rtol=0, atol=1e-8)
 
 
+def test_trace_counts_the_units_solved_by_kind(h):
+    """Each iteration's ``unit_solves`` splits ``units_solved`` by the spec's role; the first
+    iteration solves every unit (the benchmarks' floor reads the MLP count)."""
+    a = h.make_tiny("gpt2", n_layer=2, d=32, n_head=2, seed=1).canonical()
+    b = h.make_tiny("gpt2", n_layer=2, d=32, n_head=2, seed=2).canonical()
+    trace = weight_matching(a, b, WeightMatchingOptions(max_iter=4)).trace
+    roles = [a.spec.roles.get(s) for s in a.spec.spaces]
+    assert trace[0]["unit_solves"] == {"mlp": roles.count("mlp"), "heads": roles.count("heads")}
+    for row in trace:
+        assert sum(row["unit_solves"].values()) == row["units_solved"]
+
+
 @pytest.mark.parametrize("moved", [2, 40], ids=["few-slices", "most-slices"])
 def test_residual_cache_update_from_moved_slices_equals_a_recomputation(h, moved):
     """After a unit's permutation changes, the cached cross-correlations are updated from

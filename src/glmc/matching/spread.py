@@ -355,8 +355,8 @@ class SpreadDescent(Descent):
             changed += not same
             rejected += was_rejected
             sweeps.solved(unit, same, it)
-            cpu[self.prob.spec.roles.get(unit, "permutation")] += seconds
-        return self.finish_iteration(it, len(due), changed, rejected,
+            cpu[self.role(unit)] += seconds
+        return self.finish_iteration(it, due, changed, rejected,
                                      time.perf_counter() - t0, cpu)
 
     def step_residual(self) -> bool:

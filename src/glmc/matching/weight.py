@@ -356,13 +356,18 @@ class Descent:
             changed += not step.same
             rejected += step.rejected
             sweeps.solved(step.unit, step.same, it)
-            cpu[self.prob.spec.roles.get(step.unit, "permutation")] += step.seconds
-        return self.finish_iteration(it, len(due), changed, rejected,
+            cpu[self.role(step.unit)] += step.seconds
+        return self.finish_iteration(it, due, changed, rejected,
                                      time.perf_counter() - t0, cpu)
 
-    def finish_iteration(self, it: int, solved: int, changed: int, rejected: int,
+    def role(self, unit: str) -> str:
+        """The kind of unit the trace counts it under (the spec's role: "mlp", "heads")."""
+        return self.prob.spec.roles.get(unit, "permutation")
+
+    def finish_iteration(self, it: int, due: list[str], changed: int, rejected: int,
                          units_wall: float, cpu: dict[str, float]) -> dict:
-        """The residual step after the units, and the iteration's trace record."""
+        """The residual step after the units (``due``: those solved), and the iteration's
+        trace record."""
         wall = {"units": units_wall}  # wall seconds per phase
         residual_kept = False
         if self.cache is not None:
@@ -371,12 +376,16 @@ class Descent:
             wall["residual"] = time.perf_counter() - t0
         workspace.release_freed()
         distance = self.distance()
+        solves: dict[str, int] = defaultdict(int)
+        for unit in due:
+            solves[self.role(unit)] += 1
         return {"iteration": it + 1, "distance": distance,
                 "relative": relative(distance, self.scale),
-                "units_solved": solved, "units_changed": changed,
+                "units_solved": len(due), "units_changed": changed,
                 "units_rejected": rejected, "residual_rejected": residual_kept,
                 "seconds": {k: round(v, 4) for k, v in wall.items()},
-                "unit_seconds": {k: round(v, 4) for k, v in cpu.items()}}
+                "unit_seconds": {k: round(v, 4) for k, v in cpu.items()},
+                "unit_solves": dict(solves)}
 
     def take(self, step: UnitStep) -> None:
         """Take a unit's step (its inner maps may move when its assignment does not)."""
