@@ -18,6 +18,8 @@ the pair's own.
         --out results/many_transformers_edges.json
     python benchmarks/many_transformers.py --screen-steps 1000 3000 --screen-alone \
         --out results/many_transformers_steps.json
+    python benchmarks/many_transformers.py --sets gpt2-demo --screen-edge-focus 0 100 \
+        --screen-with steps=3000 edge_fraction=0.9 --out results/many_transformers_focus.json
 """
 
 from __future__ import annotations
@@ -138,7 +140,8 @@ def screens(args) -> tuple[str, list[dict]] | None:
     """The screen asked for, if any: its name and one options' update per setting."""
     for name, key, values in (("alpha", "dirichlet_alpha", args.screen_alpha),
                               ("edge_fraction", "edge_fraction", args.screen_edge_fraction),
-                              ("steps", "steps", args.screen_steps)):
+                              ("steps", "steps", args.screen_steps),
+                              ("edge_focus", "edge_focus", args.screen_edge_focus)):
         if values:
             defaults, shared = LearnedMatchingOptions(), {}
             for w in args.screen_with:
@@ -171,6 +174,9 @@ def main() -> None:
     ap.add_argument("--screen-steps", type=int, nargs="+", default=None, metavar="S",
                     help="instead: learned refinement for each number of steps, on "
                     "validation data only")
+    ap.add_argument("--screen-edge-focus", type=float, nargs="+", default=None,
+                    metavar="F", help="instead: learned refinement for each edge focus (edges "
+                    "drawn by the pairs' last validation barriers), on validation data only")
     ap.add_argument("--screen-with", nargs="+", default=[], metavar="NAME=VALUE",
                     help="with a screen: learned matching's options every setting shares "
                     "(e.g. steps=3000)")

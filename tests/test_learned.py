@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -387,9 +388,9 @@ def test_refinement_of_a_planted_set_reaches_zero_barrier_from_a_perturbed_start
 
 
 def test_dirichlet_draws_are_seeded_and_spread_over_the_simplex():
-    from glmc.matching.learned import _simplex_sampler
+    from glmc.matching.learned import SimplexSampler
 
-    draw = _simplex_sampler(0.1, 3)
+    draw = SimplexSampler(0.1, 3)
     g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
     xs = [draw(g1) for _ in range(200)]
     assert xs == [draw(g2) for _ in range(200)]
@@ -402,9 +403,9 @@ def test_dirichlet_draws_are_seeded_and_spread_over_the_simplex():
 def test_edge_draws_fall_on_pairs_at_the_pairs_lambda():
     """With an edge fraction, about that share of the draws lies on a pair's edge with λ in
     the pair's range (every pair drawn), the rest inside the simplex; seeded as before."""
-    from glmc.matching.learned import _simplex_sampler
+    from glmc.matching.learned import SimplexSampler
 
-    draw = _simplex_sampler(3.0, 3, 0.5, "uniform:0.4,0.6")
+    draw = SimplexSampler(3.0, 3, 0.5, "uniform:0.4,0.6")
     g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
     xs = [draw(g1) for _ in range(400)]
     assert xs == [draw(g2) for _ in range(400)]
@@ -416,10 +417,41 @@ def test_edge_draws_fall_on_pairs_at_the_pairs_lambda():
     assert all(min(x) > 0 for x in xs if x not in edges)
 
 
-def test_refinement_of_three_models_resumes_to_the_same_latents(planted, data, tmp_path):
+def test_edge_focus_draws_the_worst_pairs_most():
+    """With a focus, the edge draws follow the pairs' barriers at the last validation: odds
+    exp(focus·(b − max b)), the worst pair most, every pair still drawn; before any barrier
+    is seen, and with focus 0, the draws are those of an unfocused sampler."""
+    from glmc.matching.learned import SimplexSampler
+
+    plain = SimplexSampler(3.0, 3, 1.0, "uniform:0.4,0.6")
+    focused = SimplexSampler(3.0, 3, 1.0, "uniform:0.4,0.6", focus=100.0)
+    g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    assert [plain(g1) for _ in range(50)] == [focused(g2) for _ in range(50)]
+    # losses at the centroid, then the midpoints of (0, 1), (0, 2), (1, 2); models' own ends
+    ends = [1.0, 1.2, 1.4]
+    losses = [9.9, 1.1 + 0.08, 1.2 + 0.07, 1.3 + 0.06]  # barriers 0.08, 0.07, 0.06
+    plain.observe(losses, ends)
+    assert plain.odds is None
+    focused.observe(losses, ends)
+    assert focused.odds == pytest.approx([1.0, math.exp(-1.0), math.exp(-2.0)])
+    g = torch.Generator().manual_seed(1)
+    draws = [focused(g) for _ in range(3000)]
+    counts = {p: sum(1 for x in draws if x[p[0]] > 0 and x[p[1]] > 0) for p in focused.pairs}
+    share = {p: c / len(draws) for p, c in counts.items()}
+    odds = [1.0, math.exp(-1.0), math.exp(-2.0)]
+    for p, o in zip(focused.pairs, odds, strict=True):
+        assert abs(share[p] - o / sum(odds)) < 0.03, (p, share)
+    assert all(0.4 <= max(x) <= 0.6 and sorted(x)[0] == 0.0 for x in draws)
+    # either model of a pair may take λ
+    assert {x[0] > x[1] for x in draws if x[2] == 0.0} == {True, False}
+
+
+@pytest.mark.parametrize("edge_focus", [0.0, 100.0])
+def test_refinement_of_three_models_resumes_to_the_same_latents(planted, data, tmp_path,
+                                                                 edge_focus):
     """Killed at step 12 and resumed from its checkpoint, the refinement of three models ends
-    where the uninterrupted run does (λ draws, data order and every model's latents); a
-    checkpoint of a pair's run is refused."""
+    where the uninterrupted run does (λ draws, the edges' odds, data order and every model's
+    latents); a checkpoint of a pair's run is refused."""
     from glmc.errors import GlmcError
     from glmc.matching.learned import learned_many
 
@@ -428,7 +460,8 @@ def test_refinement_of_three_models_resumes_to_the_same_latents(planted, data, t
                                        subgroups={"residual": "fix_ones"}))
     start = [Transform.identity(a.spec), wm, weight_matching(a, c).transform]
     ckpt = tmp_path / "latents.pt"
-    base = dict(steps=20, eval_every=5, checkpoint=str(ckpt), checkpoint_every=5)
+    base = dict(steps=20, eval_every=5, checkpoint=str(ckpt), checkpoint_every=5,
+                edge_focus=edge_focus)
     straight = learned_many([a, b, c], data, start, LearnedMatchingOptions(**base))
     ckpt.unlink()
 

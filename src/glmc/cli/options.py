@@ -111,6 +111,11 @@ def add_learned_options(p: argparse.ArgumentParser, many: bool = False) -> None:
         g.add_argument("--edge-fraction", type=float, default=d.edge_fraction,
                        help="three models or more: the share of steps drawn instead on a "
                        "random pair's edge, at the pair's λ (--lam); chosen on validation sets")
+        g.add_argument("--edge-focus", type=float, default=d.edge_focus,
+                       help="three models or more: draw the edges of the pairs with the "
+                       "highest barrier at the last validation more often, with odds "
+                       "exp(FOCUS·(barrier − worst)), barriers in nats (0: every pair alike; "
+                       "default: %(default)s)")
     g.add_argument("--eval-every", type=int, default=d.eval_every,
                    help="validate every this many steps: at the fixed λ = 0.5"
                    + ("; N models at the centroid and every pair's midpoint" if many else ""))
@@ -141,6 +146,7 @@ def learned_options(args: argparse.Namespace, out: str | Path | None) -> Learned
         batch_size=args.train_batch_size, lam=args.lam,
         dirichlet_alpha=getattr(args, "dirichlet_alpha", d.dirichlet_alpha),
         edge_fraction=getattr(args, "edge_fraction", d.edge_fraction),
+        edge_focus=getattr(args, "edge_focus", d.edge_focus),
         eval_every=args.eval_every, patience=args.patience, seed=args.seed,
         residual=getattr(args, "residual", "orthogonal"), checkpoint=ckpt,
         checkpoint_every=args.checkpoint_every, resume=args.resume)

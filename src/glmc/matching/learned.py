@@ -247,12 +247,15 @@ class PathModel:
         return task_loss(functional_call(self.module, state, (_cast(x, state),)), y)
 
     @torch.no_grad()
+    def losses(self, batches: list, lambdas: Sequence) -> list[float]:
+        """Mean loss over ``batches`` at each of ``lambdas`` (floats for a pair, else
+        weights)."""
+        return [sum(float(self.loss(lam, x, y)) for x, y in batches) / len(batches)
+                for lam in lambdas]
+
     def evaluate(self, batches: list, lambdas: Sequence) -> float:
-        """Mean loss over ``batches`` and ``lambdas`` (floats for a pair, else weights)."""
-        total = 0.0
-        for lam in lambdas:
-            total += sum(float(self.loss(lam, x, y)) for x, y in batches) / len(batches)
-        return total / len(lambdas)
+        """Mean loss over ``batches`` and ``lambdas``."""
+        return sum(self.losses(batches, lambdas)) / len(lambdas)
 
 
 def _cast(x: torch.Tensor, state: StateDict) -> torch.Tensor:
@@ -322,6 +325,8 @@ class _Run:
     points: tuple = ()
     sample: Callable[[torch.Generator], float | tuple[float, ...]] | None = None
     vertices: tuple = ()
+    #: The validation losses at ``vertices`` (the models' own), set by :func:`_evaluate_start`.
+    ends: list[float] = field(default_factory=list)
 
     @classmethod
     def start(cls, latents: Latents | LatentSet, result: LearnedResult,
@@ -345,7 +350,8 @@ class _Run:
                    "lam_gen": self.lam_gen.get_state(), "best": self.best, "step": self.step,
                    "start_val": self.result.start_val, "best_val": self.result.best_val,
                    "best_step": self.result.best_step, "bad": self.bad,
-                   "log": self.result.log, "options": _comparable(opts) | self.setup}
+                   "log": self.result.log, "options": _comparable(opts) | self.setup,
+                   "odds": getattr(self.sample, "odds", None)}
         with atomic_path(path) as tmp:
             torch.save(payload, tmp)
 
@@ -363,6 +369,8 @@ class _Run:
         r = self.result
         r.start_val, r.best_val, r.best_step = st["start_val"], st["best_val"], st["best_step"]
         r.log = st["log"]
+        if st.get("odds") is not None:
+            self.sample.odds = st["odds"]
         return True
 
 
@@ -459,25 +467,49 @@ def simplex_points(n: int) -> tuple[tuple[float, ...], ...]:
     return (centroid, *mids) if n > 2 else (centroid,)
 
 
-def _simplex_sampler(alpha: float, n: int, edge_fraction: float = 0.0, lam: str = "",
-                     ) -> Callable[[torch.Generator], tuple[float, ...]]:
+class SimplexSampler:
     """λ over n models, drawn from the run's generator (so that a resumed run draws the same
     λs): ~ Dirichlet(α, ..., α) (numpy's sampler seeded from the generator); with
-    ``edge_fraction`` > 0, that share of the draws instead on a random pair's edge, λ_i ~ the
-    pair's distribution ``lam`` and λ_j = 1 − λ_i (none drawn when it is 0)."""
-    import numpy as np
+    ``edge_fraction`` > 0, that share of the draws instead on a pair's edge, λ_i ~ the pair's
+    distribution ``lam`` and λ_j = 1 − λ_i (none drawn when it is 0). The pair is random; with
+    ``focus`` > 0, once :meth:`observe` has seen the pairs' barriers, pair p is drawn with
+    probability ∝ exp(focus·(b_p − max b)), so that the worst pairs get the most steps."""
 
-    pair = _lambda_sampler(lam) if edge_fraction > 0 else None
+    def __init__(self, alpha: float, n: int, edge_fraction: float = 0.0, lam: str = "",
+                 focus: float = 0.0) -> None:
+        self.alpha, self.n, self.edge_fraction, self.focus = alpha, n, edge_fraction, focus
+        self.pair = _lambda_sampler(lam) if edge_fraction > 0 else None
+        self.pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+        #: each pair's odds of an edge draw, in ``pairs``' order (None: alike); a checkpoint
+        #: keeps them
+        self.odds: list[float] | None = None
 
-    def draw(g: torch.Generator) -> tuple[float, ...]:
-        if pair is not None and float(torch.rand((), generator=g)) < edge_fraction:
-            i, j = torch.randperm(n, generator=g)[:2].tolist()
-            li = pair(g)
+    def observe(self, losses: Sequence[float], ends: Sequence[float]) -> None:
+        """The validation ``losses`` at :func:`simplex_points` (the centroid, then each pair's
+        midpoint in ``pairs``' order) and the models' own ``ends``: each pair's barrier sets
+        its odds (kept as they were when ``focus`` is 0)."""
+        if self.focus > 0 and self.n > 2:
+            b = [loss - (ends[i] + ends[j]) / 2
+                 for loss, (i, j) in zip(losses[1:], self.pairs, strict=True)]
+            self.odds = [math.exp(self.focus * (x - max(b))) for x in b]
+
+    def __call__(self, g: torch.Generator) -> tuple[float, ...]:
+        import numpy as np
+
+        n = self.n
+        if self.pair is not None and float(torch.rand((), generator=g)) < self.edge_fraction:
+            if self.odds is None:
+                i, j = torch.randperm(n, generator=g)[:2].tolist()
+            else:
+                k = int(torch.multinomial(torch.tensor(self.odds, dtype=torch.float64), 1,
+                                          generator=g))
+                i, j = self.pairs[k]
+                if float(torch.rand((), generator=g)) < 0.5:
+                    i, j = j, i
+            li = self.pair(g)
             return tuple(li if k == i else 1.0 - li if k == j else 0.0 for k in range(n))
         seed = int(torch.randint(2**62, (), generator=g))
-        return tuple(float(w) for w in np.random.default_rng(seed).dirichlet([alpha] * n))
-
-    return draw
+        return tuple(float(w) for w in np.random.default_rng(seed).dirichlet([self.alpha] * n))
 
 
 def learned_many(
@@ -492,8 +524,9 @@ def learned_many(
     """Refine N models' frame ``init`` (one transform per model into the first model's
     coordinates, the first the identity: e.g. MergeMany's) against the task loss at
     θ(λ) = Σ_i λ_i·π_i(θ_i), with λ ~ Dirichlet(α, ..., α) at each step
-    (``opts.dirichlet_alpha``), or for ``opts.edge_fraction`` of the steps on a random pair's
-    edge at the pair's λ (``opts.lam_for``). Models 2..N train their own latents, as in
+    (``opts.dirichlet_alpha``), or for ``opts.edge_fraction`` of the steps on a pair's edge at
+    the pair's λ (``opts.lam_for``; the pair drawn by its last validation barrier with
+    ``opts.edge_focus``, see :class:`SimplexSampler`). Models 2..N train their own latents, as in
     :func:`learned_matching` against the first; validation is at :func:`simplex_points`,
     and the start is the best so far. ``inner`` and ``progress`` as for
     :func:`learned_matching`; ``fix_ones``: for all models after the first, or one each
@@ -517,8 +550,10 @@ def learned_many(
                   LearnedManyResult(transform=init[0], points=[list(p) for p in points],
                                     alpha=alpha, lam=lam),
                   data, opts, {"inner": inner, "fix_ones": fix, "models": n,
-                               "alpha": alpha, "edge_fraction": opts.edge_fraction}, progress,
-                  points=points, sample=_simplex_sampler(alpha, n, opts.edge_fraction, lam),
+                               "alpha": alpha, "edge_fraction": opts.edge_fraction,
+                               "edge_focus": opts.edge_focus}, progress,
+                  points=points,
+                  sample=SimplexSampler(alpha, n, opts.edge_fraction, lam, opts.edge_focus),
                   vertices=vertices)
     result.transforms = [init[0], *latents.transforms()]
     result.distance = {f"model {i + 1}": distance(t0, t) for i, (t0, t) in
@@ -567,10 +602,12 @@ def _evaluate_start(run: _Run, path: PathModel, batches: list, resumed: bool) ->
     """The baseline (the endpoints' losses, interpolated linearly) and, unless resumed, the
     start's loss: the best so far, so the result is never worse than weight matching."""
     result = run.result
-    with torch.no_grad():  # π_i(θ_i) computes model i's function: a vertex needs no latent
-        ends = [path.evaluate(batches, (v,)) for v in run.vertices]
-        if not resumed:
-            result.start_val = result.best_val = path.evaluate(batches, run.points)
+    # π_i(θ_i) computes model i's function: a vertex needs no latent
+    run.ends = ends = path.losses(batches, run.vertices)
+    if not resumed:
+        losses = path.losses(batches, run.points)
+        result.start_val = result.best_val = sum(losses) / len(losses)
+        _observe(run, losses)
     result.baseline_val = sum(
         sum(w * e for w, e in zip(path.weights(p), ends, strict=True))
         for p in run.points) / len(run.points)
@@ -635,7 +672,9 @@ def _validate(run: _Run, path: PathModel, batches: list, opts: LearnedMatchingOp
     """Validation loss of the hard elements; keep them if they are the best so far."""
     for p in run.latents.project(pool):
         run.optim.state.pop(p, None)
-    val = path.evaluate(batches, run.points)
+    losses = path.losses(batches, run.points)
+    _observe(run, losses)
+    val = sum(losses) / len(losses)
     if val < run.result.best_val:
         run.result.best_val, run.result.best_step, run.bad = val, run.step, 0
         run.best = run.latents.snapshot()
@@ -644,10 +683,18 @@ def _validate(run: _Run, path: PathModel, batches: list, opts: LearnedMatchingOp
     return val
 
 
+def _observe(run: _Run, losses: list[float]) -> None:
+    """Tell the draws (N models' :class:`SimplexSampler`) the validation ``losses`` at the
+    run's points."""
+    if isinstance(run.sample, SimplexSampler):
+        run.sample.observe(losses, run.ends)
+
+
 def _comparable(opts: LearnedMatchingOptions) -> dict:
     """Options that must match for a resumed run to continue the same run."""
     d = asdict(replace(opts))
-    for k in ("checkpoint", "checkpoint_every", "resume", "dirichlet_alpha", "edge_fraction"):
+    for k in ("checkpoint", "checkpoint_every", "resume", "dirichlet_alpha", "edge_fraction",
+              "edge_focus"):
         d.pop(k)  # (N models' runs keep these in their setup; a pair never reads them)
     d["eval_lambdas"] = list(d["eval_lambdas"])
     return d

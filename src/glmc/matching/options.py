@@ -122,6 +122,11 @@ class LearnedMatchingOptions:
     #: validation barrier over the centroid and the pairs' midpoints of three-model GPT-2 and
     #: ViT sets (0.104 and 0.016; 0: 0.119 and 0.029; 0.9: 0.105 and 0.018)
     edge_fraction: float = 0.5
+    #: N models: how strongly the edge draws favour the pairs with the highest barrier at the
+    #: last validation (a min-max over the pairs): a pair is drawn with probability ∝
+    #: exp(focus·(b_pair − max b)), b its midpoint's validation loss minus its endpoints' mean,
+    #: in nats (0: every pair alike; 100: a pair 0.01 nat below the worst at e⁻¹ of its odds)
+    edge_focus: float = 0.0
     eval_every: int = 100
     eval_lambdas: tuple[float, ...] = (0.5,)
     eval_batches: int = 4
@@ -142,6 +147,8 @@ class LearnedMatchingOptions:
              f"the Dirichlet α must be positive, got {self.dirichlet_alpha}"),
             (0 <= self.edge_fraction <= 1,
              f"the edge fraction must be in [0, 1], got {self.edge_fraction}"),
+            (0 <= self.edge_focus < float("inf"),
+             f"the edge focus must be >= 0 and finite, got {self.edge_focus}"),
             (self.perm_lr_scale >= 0,
              f"permutation learning-rate scale must be >= 0, got {self.perm_lr_scale}"),
             (self.warmup >= 0, f"warm-up must be at least 0, got {self.warmup}"),
