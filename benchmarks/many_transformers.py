@@ -18,6 +18,8 @@ the pair's own.
         --out results/many_transformers_edges.json
     python benchmarks/many_transformers.py --screen-steps 1000 3000 --screen-alone \
         --out results/many_transformers_steps.json
+    python benchmarks/many_transformers.py --methods learned --learned-with steps=6000 \
+        edge_fraction=0.9 edge_focus=100 --out results/many_transformers_6000_focus.json
     python benchmarks/many_transformers.py --sets gpt2-demo --screen-edge-focus 0 100 \
         --screen-with steps=3000 edge_fraction=0.9 --out results/many_transformers_focus.json
 """
@@ -52,11 +54,15 @@ def folders(cache: Path, key: str, n: int) -> tuple[list[Path], str]:
 
 
 def measure(models: list[Path], data: str, method: str, max_batches: int | None,
-            frame: str = "mergemany") -> dict:
+            frame: str = "mergemany", learned: dict | None = None) -> dict:
+    """The set merged and its pairs by ``method``; ``learned``: learned matching's options for
+    the joint frame only (each pair alone keeps the library's defaults)."""
     t0 = time.perf_counter()
     r = many_barrier(models, data, method=method, max_batches=max_batches, frame=frame,
-                     options=AlignOptions(seed=0))
+                     options=AlignOptions(seed=0).updated(**(learned or {})),
+                     alone=AlignOptions(seed=0))
     out = r.to_json()
+    out["joint_learned_options"] = learned or {}
     if out["frame"].get("learned"):  # (the steps' log: every λ drawn; kept out of the record)
         out["frame"]["learned"].pop("log", None)
     out["seconds"] = round(time.perf_counter() - t0, 1)
@@ -143,14 +149,20 @@ def screens(args) -> tuple[str, list[dict]] | None:
                               ("steps", "steps", args.screen_steps),
                               ("edge_focus", "edge_focus", args.screen_edge_focus)):
         if values:
-            defaults, shared = LearnedMatchingOptions(), {}
-            for w in args.screen_with:
-                k, _, v = w.partition("=")
-                if not hasattr(defaults, k):
-                    raise SystemExit(f"--screen-with {w}: learned matching has no option {k!r}")
-                shared[k] = type(getattr(defaults, k))(v)
+            shared = learned_options(args.screen_with, "--screen-with")
             return name, [{**shared, key: v} for v in values]
     return None
+
+
+def learned_options(items: list[str], flag: str) -> dict:
+    """Learned matching's options from NAME=VALUE ``items`` (read before any model loads)."""
+    defaults, out = LearnedMatchingOptions(), {}
+    for w in items:
+        k, _, v = w.partition("=")
+        if not hasattr(defaults, k):
+            raise SystemExit(f"{flag} {w}: learned matching has no option {k!r}")
+        out[k] = type(getattr(defaults, k))(v)
+    return out
 
 
 def main() -> None:
@@ -183,6 +195,9 @@ def main() -> None:
     ap.add_argument("--screen-alone", action="store_true",
                     help="with a screen: also each pair aligned alone by learned matching, "
                     "its validation midpoint barrier")
+    ap.add_argument("--learned-with", nargs="+", default=[], metavar="NAME=VALUE",
+                    help="learned refinement's options for the joint frame (e.g. steps=6000); "
+                    "each pair alone keeps the library's defaults")
     ap.add_argument("--out", type=Path, default=RESULTS / "many_transformers.json")
     args = ap.parse_args()
     import torch
@@ -190,6 +205,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     results: dict = {}
     screened = screens(args)
+    joint_learned = learned_options(args.learned_with, "--learned-with")
     for key in args.sets:
         models, data = folders(args.cache, key, args.n)
         if args.train_only:
@@ -204,7 +220,8 @@ def main() -> None:
         runs = [(m, f) for m in args.methods
                 for f in (args.weight_frames if m == "weight" else ["mergemany"])]
         for method, frame in runs:
-            r = measure(models, data, method, args.max_batches, frame)
+            r = measure(models, data, method, args.max_batches, frame,
+                        joint_learned if method.startswith("learned") else None)
             method = method if frame == "mergemany" else f"{method} ({frame})"
             results[key][method] = r
             pairs = ", ".join(f"{p['pair'][0]}-{p['pair'][1]} {p['barrier_joint']:.3f} vs "

@@ -77,9 +77,12 @@ def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
                  method: str = "weight", points: int = 11, split: str = "test",
                  max_batches: int | None = None, max_rounds: int = 10,
                  tokenizer: str | Tokenizer | None = None,
-                 options: AlignOptions | None = None) -> ManyReport:
+                 options: AlignOptions | None = None,
+                 alone: AlignOptions | None = None) -> ManyReport:
     """Merge ``models`` (folders, LoadedModels or CanonicalModels; 2 or more) in one frame and
     evaluate the merge and every pair on ``split`` of ``data`` (see the module's docstring).
+    ``alone``: how each pair is aligned alone for comparison (default: as ``options`` align
+    the frame; e.g. the library's defaults for the pairs beside a longer joint refinement).
 
     Raises:
         GlmcError: fewer than two models, models of different interfaces, data that do not
@@ -105,8 +108,9 @@ def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
         options = replace(options, data=ds)  # (learned: the train split of the data read)
     # Each pair alone as the joint frame matches it: no token masks, nothing handed over, no
     # checkpoint of the joint run read or written.
-    alone_options = replace(options, token_counts=None, hand_over=False,
-                            learned=replace(options.learned_matching(), checkpoint=None,
+    alone = options if alone is None else replace(alone, data=options.data)
+    alone_options = replace(alone, token_counts=None, hand_over=False,
+                            learned=replace(alone.learned_matching(), checkpoint=None,
                                             resume=False))
 
     joint = merge_many(canon, frame=frame, method=method, max_rounds=max_rounds,
