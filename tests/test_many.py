@@ -314,6 +314,25 @@ def test_barrier_of_three_models_refined_by_learned_matching(bert_set, capsys):
     assert len(r["pairs"]) == 3 and all(p["barrier_pairwise"] is not None for p in r["pairs"])
 
 
+def test_pairs_alone_take_their_own_options(bert_set):
+    """``many_barrier(alone=...)``: each pair is aligned alone with those options, not the
+    frame's. In a star frame pair 1-2 is aligned as the pair alone, so the pair alone with a
+    permuted residual map is what a star with one finds, and differs from the orthogonal
+    star's own."""
+    from glmc.many import many_barrier
+    from glmc.methods import AlignOptions
+
+    kw = dict(frame="star", max_batches=1, points=3)
+    permuted = many_barrier(bert_set, "shakespeare", options=AlignOptions(
+        residual="permutation"), **kw)
+    mixed = many_barrier(bert_set, "shakespeare", options=AlignOptions(),
+                         alone=AlignOptions(residual="permutation"), **kw)
+    first = mixed.pairs[0]
+    assert first["barrier_pairwise"] == pytest.approx(permuted.pairs[0]["barrier_joint"],
+                                                      rel=1e-6)
+    assert abs(first["barrier_joint"] - first["barrier_pairwise"]) > 1e-4
+
+
 @pytest.mark.parametrize(("extra", "env", "message"), [
     (["--weights", "a,b,c"], {}, "give numbers separated by commas"),
     ([], {"WORLD_SIZE": "2"}, "run without torchrun"),
