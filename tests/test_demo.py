@@ -38,3 +38,25 @@ def test_demo_quick_end_to_end(h, tmp_path, capsys):
 def test_demo_rejects_unknown_method(capsys):
     assert main(["demo", "--quick", "--align", "bogus"]) == 2
     assert "unknown alignment method" in capsys.readouterr().err
+
+
+def test_training_in_process_gives_the_caller_its_threads_back(tmp_path):
+    """One model at a time trains in this process on one thread, as a worker would; the
+    caller's thread count comes back afterwards (a benchmark went on at one thread)."""
+    import torch
+
+    from glmc.demo import train_models
+    from glmc.training import TrainConfig
+
+    cfg = TrainConfig(arch="gpt2", data="shakespeare", n_layer=1, n_embd=16, n_head=2,
+                      context=16, steps=3, batch_size=4, seed=0, eval_every=0, eval_batches=1,
+                      checkpoint_every=0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        notes: list[str] = []
+        train_models([(cfg, tmp_path / "m")], 1, notes.append)
+        assert torch.get_num_threads() == 2
+        assert (tmp_path / "m" / "glmc_train.json").is_file() and notes[-1].startswith("trained")
+    finally:
+        torch.set_num_threads(before)
