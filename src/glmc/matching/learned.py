@@ -253,10 +253,6 @@ class PathModel:
         return [sum(float(self.loss(lam, x, y)) for x, y in batches) / len(batches)
                 for lam in lambdas]
 
-    def evaluate(self, batches: list, lambdas: Sequence) -> float:
-        """Mean loss over ``batches`` and ``lambdas``."""
-        return sum(self.losses(batches, lambdas)) / len(lambdas)
-
 
 def _cast(x: torch.Tensor, state: StateDict) -> torch.Tensor:
     """Images in the models' dtype (token ids stay integers)."""
