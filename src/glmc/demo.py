@@ -181,15 +181,12 @@ def train_models(jobs: list[tuple[TrainConfig, Path]], parallel: int,
     note(f"training {len(todo)} model(s), {parallel} at a time "
          "(an interrupted run resumes from its checkpoint)")
     if parallel <= 1:
-        import torch
+        from glmc.threads import num_threads
 
-        threads = torch.get_num_threads()  # (one thread each, as in a worker; then the
-        try:                                # caller's own again)
+        with num_threads(1):  # (one thread each, as in a worker; then the caller's own again)
             for c, f in todo:
                 _train_one(c, str(f))
                 note(f"trained {f}")
-        finally:
-            torch.set_num_threads(threads)
         return
     with ProcessPoolExecutor(parallel, mp_context=get_context("spawn")) as pool:
         futures = {pool.submit(_train_one, c, str(f)): f for c, f in todo}

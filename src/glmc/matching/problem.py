@@ -36,6 +36,7 @@ from glmc.symmetry.groups import (
 from glmc.symmetry.spec import SymmetrySpec
 from glmc.symmetry.transform import apply_axes
 from glmc.tensors import StateDict, axis_first
+from glmc.threads import num_threads
 
 __all__ = ["UNIT_STEPS", "WEIGHTINGS", "Problem", "Proposal", "WeightMatchingOptions",
            "check_pair", "cross", "effective_groups", "propose_heads", "propose_permutation",
@@ -407,13 +408,9 @@ class Problem:
         thread as a unit's worker makes them (a reduction's order can follow the threads)."""
         if self.opts.unit_cost == "distance":  # (no step reads them)
             return
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with num_threads(1):
             for u in units:
                 self.unit_norms(u)
-        finally:
-            torch.set_num_threads(threads)
 
     def memo(self, key: str, make: Callable[[], Any]) -> Any:
         """``make()``, made once per ``key`` (for what depends on A alone, which never

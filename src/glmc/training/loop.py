@@ -18,7 +18,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from glmc.io.atomic import atomic_dir, atomic_path
 from glmc.io.folders import TRAIN_FILE
 from glmc.io.outputs import BYTES_PER_PARAM, check_free_space, model_bytes, output_errors
 from glmc.tasks import TASKS
+from glmc.threads import num_threads
 from glmc.training.batches import BatchStream, evaluate
 from glmc.training.checkpoint import (
     checkpoint_path,
@@ -119,7 +120,7 @@ def train(
         _refuse_to_discard_checkpoint(out)
     check_train_output(out, cfg, force)
     device = _device(cfg)
-    with _num_threads(cfg.num_threads), _forked_rng(device):
+    with num_threads(cfg.num_threads), _forked_rng(device):
         return _run(cfg, out, device, resume, progress, on_step, stop_after)
 
 
@@ -195,17 +196,6 @@ def _device(cfg: TrainConfig) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise GlmcError("--device cuda requested but CUDA is not available")
     return device
-
-
-@contextlib.contextmanager
-def _num_threads(n: int) -> Iterator[None]:
-    """Run on ``n`` torch threads, then give the caller back its own count."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _forked_rng(device: torch.device) -> contextlib.AbstractContextManager:
