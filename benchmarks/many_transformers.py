@@ -22,9 +22,6 @@ the pair's own.
         edge_fraction=0.9 edge_focus=100 --out results/many_transformers_6000_focus.json
     python benchmarks/many_transformers.py --sets gpt2-demo --screen-edge-focus 0 100 \
         --screen-with steps=3000 edge_fraction=0.9 --out results/many_transformers_focus.json
-    python benchmarks/many_transformers.py --sets gpt2-demo --screen-edge-focus 100 \
-        --screen-reference --screen-with steps=6000 edge_fraction=0.9 \
-        --out results/many_transformers_focus_gpt2_reference.json
 """
 
 from __future__ import annotations
@@ -98,33 +95,28 @@ def _point_barriers(models: list[Path], frame, data: str) -> dict:
     return out
 
 
-def _alone_barriers(models: list[Path], data: str) -> tuple[dict, list[float]]:
+def _alone_barriers(models: list[Path], data: str) -> dict:
     """Validation barrier at the midpoint of each pair aligned alone by learned matching (the
-    library's defaults), minus the pair's mean: what the joint frame's pairs are held to; and
-    each run's own estimate of it (its validation batches), what :func:`many_barrier` hands
-    the joint refinement as ``edge_reference``."""
+    library's defaults), minus the pair's mean: what the joint frame's pairs are held to."""
     from glmc.api import align
     from glmc.evaluate import evaluate
     from glmc.io.folders import load_model
     from glmc.matching.many import weighted_mean
 
     canon = [load_model(m).canonical for m in models]
-    out, estimates = {}, []
+    out = {}
     for i in range(len(canon)):
         for j in range(i + 1, len(canon)):
             t0 = time.perf_counter()
-            al = align(canon[i], canon[j], method="learned", data=data,
-                       options=AlignOptions(seed=0))
-            b = al.aligned
-            estimates.append(al.learned.best_val - al.learned.baseline_val)
+            b = align(canon[i], canon[j], method="learned", data=data,
+                      options=AlignOptions(seed=0)).aligned
             ends = [evaluate(m, data, "val").loss for m in (canon[i], b)]
             mid = evaluate(b.with_state(weighted_mean([canon[i].state, b.state], [0.5, 0.5])),
                            data, "val").loss
             out[f"{i + 1}-{j + 1}"] = mid - sum(ends) / 2
             print(f"pair {i + 1}-{j + 1} alone: validation midpoint barrier "
-                  f"{out[f'{i + 1}-{j + 1}']:.4f}, its own estimate {estimates[-1]:.4f} "
-                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    return out, estimates
+                  f"{out[f'{i + 1}-{j + 1}']:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return out
 
 
 def screen(models: list[Path], data: str, settings: list[dict]) -> list[dict]:
@@ -203,10 +195,6 @@ def main() -> None:
     ap.add_argument("--screen-alone", action="store_true",
                     help="with a screen: also each pair aligned alone by learned matching, "
                     "its validation midpoint barrier")
-    ap.add_argument("--screen-reference", action="store_true",
-                    help="with a screen: each pair aligned alone first (as --screen-alone), "
-                    "its validation barrier handed to every setting as edge_reference, as "
-                    "glmc barrier does")
     ap.add_argument("--learned-with", nargs="+", default=[], metavar="NAME=VALUE",
                     help="learned refinement's options for the joint frame (e.g. steps=6000); "
                     "each pair alone keeps the library's defaults")
@@ -224,13 +212,9 @@ def main() -> None:
             continue
         if screened:
             name, rows = screened
-            results[key] = {}
-            if args.screen_alone or args.screen_reference:
-                alone, estimates = _alone_barriers(models, data)
-                results[key] |= {"val_points_alone": alone, "val_estimates_alone": estimates}
-                if args.screen_reference:
-                    rows = [{**r, "edge_reference": tuple(estimates)} for r in rows]
-            results[key][f"screen_{name}"] = screen(models, data, rows)
+            results[key] = {f"screen_{name}": screen(models, data, rows)}
+            if args.screen_alone:
+                results[key]["val_points_alone"] = _alone_barriers(models, data)
             continue
         results[key] = {}
         runs = [(m, f) for m in args.methods

@@ -446,31 +446,9 @@ def test_edge_focus_draws_the_worst_pairs_most():
     assert {x[0] > x[1] for x in draws if x[2] == 0.0} == {True, False}
 
 
-def test_edge_reference_draws_the_pairs_the_frame_costs_most():
-    """With each pair's barrier aligned alone as the reference, the odds go by the barrier
-    minus it: the pair with the lowest barrier but the highest excess is drawn most. A
-    reference of the wrong length is refused, in the sampler and in the options."""
-    from glmc.errors import GlmcError
-    from glmc.matching.learned import SimplexSampler
-
-    ends = [1.0, 1.2, 1.4]
-    losses = [9.9, 1.1 + 0.08, 1.2 + 0.07, 1.3 + 0.06]  # barriers 0.08, 0.07, 0.06
-    draw = SimplexSampler(3.0, 3, 1.0, "uniform:0.4,0.6", focus=100.0,
-                          reference=[0.075, 0.06, 0.03])  # excesses 0.005, 0.01, 0.03
-    draw.observe(losses, ends)
-    assert draw.odds == pytest.approx([math.exp(-2.5), math.exp(-2.0), 1.0])
-    with pytest.raises(GlmcError, match="one barrier per pair of the 3 models"):
-        SimplexSampler(3.0, 3, 1.0, "uniform:0.4,0.6", focus=1.0, reference=[0.1, 0.1])
-    with pytest.raises(GlmcError, match="edge reference must be finite"):
-        LearnedMatchingOptions(edge_reference=(0.1, math.nan, 0.1))
-    assert LearnedMatchingOptions(edge_reference=[0.1, 0.2, 0.3]).edge_reference == (
-        0.1, 0.2, 0.3)
-
-
-@pytest.mark.parametrize(("edge_focus", "reference"), [(0.0, None), (100.0, None),
-                                                       (100.0, (0.01, 0.02, 0.03))])
+@pytest.mark.parametrize("edge_focus", [0.0, 100.0])
 def test_refinement_of_three_models_resumes_to_the_same_latents(planted, data, tmp_path,
-                                                                 edge_focus, reference):
+                                                                 edge_focus):
     """Killed at step 12 and resumed from its checkpoint, the refinement of three models ends
     where the uninterrupted run does (λ draws, the edges' odds, data order and every model's
     latents); a checkpoint of a pair's run is refused."""
@@ -483,7 +461,7 @@ def test_refinement_of_three_models_resumes_to_the_same_latents(planted, data, t
     start = [Transform.identity(a.spec), wm, weight_matching(a, c).transform]
     ckpt = tmp_path / "latents.pt"
     base = dict(steps=20, eval_every=5, checkpoint=str(ckpt), checkpoint_every=5,
-                edge_focus=edge_focus, edge_reference=reference)
+                edge_focus=edge_focus)
     straight = learned_many([a, b, c], data, start, LearnedMatchingOptions(**base))
     ckpt.unlink()
 

@@ -4,8 +4,6 @@ map, heads with inner maps; post-LayerNorm BERT)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -314,32 +312,6 @@ def test_barrier_of_three_models_refined_by_learned_matching(bert_set, capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["frame"]["method"] == "mergemany+learned" and r["frame"]["learned"]["steps"] == 4
     assert len(r["pairs"]) == 3 and all(p["barrier_pairwise"] is not None for p in r["pairs"])
-
-
-def test_pairs_alone_hand_their_barriers_to_the_joint_refinement(bert_set, monkeypatch):
-    """Learned refinement in ``many_barrier`` is given each pair's validation barrier aligned
-    alone (in pair order), so that its edge focus weighs what the frame costs each pair;
-    a reference given by the caller is kept."""
-    import glmc.many
-    from glmc.methods import AlignOptions
-
-    seen = []
-    real = glmc.many.merge_many
-
-    def spy(models, **kw):
-        seen.append(kw["options"].learned_matching().edge_reference)
-        return real(models, **kw)
-
-    monkeypatch.setattr(glmc.many, "merge_many", spy)
-    kw = dict(method="learned", max_batches=1, points=3)
-    glmc.many.many_barrier(bert_set, "shakespeare",
-                           options=AlignOptions().updated(steps=2, eval_every=2), **kw)
-    ref = seen[-1]
-    assert ref is not None and len(ref) == 3 and all(math.isfinite(x) for x in ref)
-    assert len(set(ref)) == 3  # (three different pairs)
-    glmc.many.many_barrier(bert_set, "shakespeare", options=AlignOptions().updated(
-        steps=2, eval_every=2, edge_reference=(0.5, 0.25, 0.125)), **kw)
-    assert seen[-1] == (0.5, 0.25, 0.125)
 
 
 def test_pairs_alone_take_their_own_options(bert_set):

@@ -6,9 +6,7 @@ evaluates on the same fixed batches: every model alone and the mean of their los
 merged model with uniform weights and, when given, with ``weights``; and every pair's barrier
 on the line between the two in the joint frame, beside the barrier after aligning that pair
 on its own (the pair aligned by the same method: weight matching, or weight then learned
-matching): the ratio says what consistency across the set costs the pair. The pairs are
-aligned alone first: learned refinement of the joint frame is handed their validation
-barriers (``edge_reference``, which its edge focus weighs against).
+matching): the ratio says what consistency across the set costs the pair.
 """
 
 from __future__ import annotations
@@ -115,14 +113,6 @@ def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
                             learned=replace(alone.learned_matching(), checkpoint=None,
                                             resume=False))
 
-    pairs_of = [(i, j) for i in range(len(canon)) for j in range(i + 1, len(canon))]
-    own = [pair_method(canon[i], canon[j], alone_options) for i, j in pairs_of]
-    if pair_method.data and options.learned_matching().edge_reference is None:
-        # The joint run's edge focus weighs what the frame costs each pair over its own.
-        options = options.updated(edge_reference=tuple(
-            al.learned.best_val - al.learned.baseline_val for al in own))
-    own_maps = [al.transform for al in own]  # (not N(N-1)/2 models held through the joint run)
-    del own
     joint = merge_many(canon, frame=frame, method=method, max_rounds=max_rounds,
                        options=options)
     moved = joint.frame.moved(canon)
@@ -132,15 +122,16 @@ def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
     if weights is not None:
         weighted = _result(ev.evaluate(weighted_mean([m.state for m in moved], w)))
     pairs = []
-    for (i, j), t in zip(pairs_of, own_maps, strict=True):
-        in_frame = ev.evaluate_along(LinePath(moved[i], moved[j]), lambdas)
-        alone = ev.evaluate_along(LinePath(canon[i], canon[j].transformed(t, like=canon[i])),
-                                  lambdas)
-        b_joint = barrier(lambdas, [r.loss for r in in_frame])
-        b_pair = barrier(lambdas, [r.loss for r in alone])
-        pairs.append({"pair": [i + 1, j + 1], "barrier_joint": b_joint,
-                      "barrier_pairwise": b_pair,
-                      "ratio": b_joint / b_pair if b_pair > 0 else None})
+    for i in range(len(canon)):
+        for j in range(i + 1, len(canon)):
+            in_frame = ev.evaluate_along(LinePath(moved[i], moved[j]), lambdas)
+            own = pair_method(canon[i], canon[j], alone_options).aligned
+            alone = ev.evaluate_along(LinePath(canon[i], own), lambdas)
+            b_joint = barrier(lambdas, [r.loss for r in in_frame])
+            b_pair = barrier(lambdas, [r.loss for r in alone])
+            pairs.append({"pair": [i + 1, j + 1], "barrier_joint": b_joint,
+                          "barrier_pairwise": b_pair,
+                          "ratio": b_joint / b_pair if b_pair > 0 else None})
     return ManyReport(names, str(data) if isinstance(data, (str, Path)) else ds.name, split,
                       ev.count, canon[0].task.targets, endpoints, merged, weighted,
                       list(weights) if weights is not None else None, pairs,

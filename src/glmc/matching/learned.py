@@ -469,19 +469,13 @@ class SimplexSampler:
     ``edge_fraction`` > 0, that share of the draws instead on a pair's edge, λ_i ~ the pair's
     distribution ``lam`` and λ_j = 1 − λ_i (none drawn when it is 0). The pair is random; with
     ``focus`` > 0, once :meth:`observe` has seen the pairs' barriers, pair p is drawn with
-    probability ∝ exp(focus·(b_p − max b)), so that the worst pairs get the most steps;
-    with ``reference`` (each pair's barrier aligned alone, in ``pairs``' order), b_p is the
-    pair's barrier minus its reference: what the joint frame costs it."""
+    probability ∝ exp(focus·(b_p − max b)), so that the worst pairs get the most steps."""
 
     def __init__(self, alpha: float, n: int, edge_fraction: float = 0.0, lam: str = "",
-                 focus: float = 0.0, reference: Sequence[float] | None = None) -> None:
+                 focus: float = 0.0) -> None:
         self.alpha, self.n, self.edge_fraction, self.focus = alpha, n, edge_fraction, focus
         self.pair = _lambda_sampler(lam) if edge_fraction > 0 else None
         self.pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
-        if reference is not None and len(reference) != len(self.pairs):
-            raise GlmcError(f"the edge reference needs one barrier per pair of the {n} models "
-                            f"({len(self.pairs)}), got {len(reference)}")
-        self.reference = list(reference) if reference is not None else [0.0] * len(self.pairs)
         #: each pair's odds of an edge draw, in ``pairs``' order (None: alike); a checkpoint
         #: keeps them
         self.odds: list[float] | None = None
@@ -491,8 +485,8 @@ class SimplexSampler:
         midpoint in ``pairs``' order) and the models' own ``ends``: each pair's barrier sets
         its odds (kept as they were when ``focus`` is 0)."""
         if self.focus > 0 and self.n > 2:
-            b = [loss - (ends[i] + ends[j]) / 2 - ref for loss, (i, j), ref
-                 in zip(losses[1:], self.pairs, self.reference, strict=True)]
+            b = [loss - (ends[i] + ends[j]) / 2
+                 for loss, (i, j) in zip(losses[1:], self.pairs, strict=True)]
             self.odds = [math.exp(self.focus * (x - max(b))) for x in b]
 
     def __call__(self, g: torch.Generator) -> tuple[float, ...]:
@@ -528,8 +522,7 @@ def learned_many(
     θ(λ) = Σ_i λ_i·π_i(θ_i), with λ ~ Dirichlet(α, ..., α) at each step
     (``opts.dirichlet_alpha``), or for ``opts.edge_fraction`` of the steps on a pair's edge at
     the pair's λ (``opts.lam_for``; the pair drawn by its last validation barrier with
-    ``opts.edge_focus``, less ``opts.edge_reference``, see :class:`SimplexSampler`). Models
-    2..N train their own latents, as in
+    ``opts.edge_focus``, see :class:`SimplexSampler`). Models 2..N train their own latents, as in
     :func:`learned_matching` against the first; validation is at :func:`simplex_points`,
     and the start is the best so far. ``inner`` and ``progress`` as for
     :func:`learned_matching`; ``fix_ones``: for all models after the first, or one each
@@ -554,12 +547,9 @@ def learned_many(
                                     alpha=alpha, lam=lam),
                   data, opts, {"inner": inner, "fix_ones": fix, "models": n,
                                "alpha": alpha, "edge_fraction": opts.edge_fraction,
-                               "edge_focus": opts.edge_focus,
-                               "edge_reference": None if opts.edge_reference is None
-                               else list(opts.edge_reference)}, progress,
+                               "edge_focus": opts.edge_focus}, progress,
                   points=points,
-                  sample=SimplexSampler(alpha, n, opts.edge_fraction, lam, opts.edge_focus,
-                                        opts.edge_reference),
+                  sample=SimplexSampler(alpha, n, opts.edge_fraction, lam, opts.edge_focus),
                   vertices=vertices)
     result.transforms = [init[0], *latents.transforms()]
     result.distance = {f"model {i + 1}": distance(t0, t) for i, (t0, t) in
@@ -700,7 +690,7 @@ def _comparable(opts: LearnedMatchingOptions) -> dict:
     """Options that must match for a resumed run to continue the same run."""
     d = asdict(replace(opts))
     for k in ("checkpoint", "checkpoint_every", "resume", "dirichlet_alpha", "edge_fraction",
-              "edge_focus", "edge_reference"):
+              "edge_focus"):
         d.pop(k)  # (N models' runs keep these in their setup; a pair never reads them)
     d["eval_lambdas"] = list(d["eval_lambdas"])
     return d

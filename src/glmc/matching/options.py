@@ -4,7 +4,6 @@ choices from here). :mod:`glmc.matching.weight` and :mod:`glmc.matching.learned`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,11 +130,6 @@ class LearnedMatchingOptions:
     #: edges brought the worst pair from 1.22 to 1.10 times its barrier aligned alone; at
     #: 3,000 steps it changed nothing (1.22, 1.26), so the default stays 0
     edge_focus: float = 0.0
-    #: N models: each pair's validation barrier when aligned alone, pairs in the order 1-2,
-    #: 1-3, ..., 1-N, 2-3, ...: with ``edge_focus``, a pair's odds then go by its barrier
-    #: minus this (what the joint frame costs it) rather than by the barrier itself.
-    #: :func:`glmc.many.many_barrier` fills it in from the pairs it aligns alone
-    edge_reference: tuple[float, ...] | None = None
     eval_every: int = 100
     eval_lambdas: tuple[float, ...] = (0.5,)
     eval_batches: int = 4
@@ -158,9 +152,6 @@ class LearnedMatchingOptions:
              f"the edge fraction must be in [0, 1], got {self.edge_fraction}"),
             (0 <= self.edge_focus < float("inf"),
              f"the edge focus must be >= 0 and finite, got {self.edge_focus}"),
-            (self.edge_reference is None
-             or all(math.isfinite(x) for x in self.edge_reference),
-             f"the edge reference must be finite barriers, got {self.edge_reference}"),
             (self.perm_lr_scale >= 0,
              f"permutation learning-rate scale must be >= 0, got {self.perm_lr_scale}"),
             (self.warmup >= 0, f"warm-up must be at least 0, got {self.warmup}"),
@@ -178,8 +169,6 @@ class LearnedMatchingOptions:
         for ok, message in checks:
             if not ok:
                 raise GlmcError(f"learned matching: {message}")
-        if self.edge_reference is not None:
-            self.edge_reference = tuple(float(x) for x in self.edge_reference)
         if self.lam is not None:
             parse_lambda(self.lam)  # a bad distribution fails here, before any work
 
