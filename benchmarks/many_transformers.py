@@ -154,6 +154,10 @@ def screens(args) -> tuple[str, list[dict]] | None:
     return None
 
 
+def _pm(x: float | None, se: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}" + ("" if se is None else f" ± {se:.2f}")
+
+
 def learned_options(items: list[str], flag: str) -> dict:
     """Learned matching's options from NAME=VALUE ``items`` (read before any model loads)."""
     defaults, out = LearnedMatchingOptions(), {}
@@ -225,7 +229,8 @@ def main() -> None:
             method = method if frame == "mergemany" else f"{method} ({frame})"
             results[key][method] = r
             pairs = ", ".join(f"{p['pair'][0]}-{p['pair'][1]} {p['barrier_joint']:.3f} vs "
-                              f"{p['barrier_pairwise']:.3f}" for p in r["pairs"])
+                              f"{p['barrier_pairwise']:.3f} "
+                              f"(ratio {_pm(p['ratio'], p['ratio_se'])})" for p in r["pairs"])
             print(f"{key} {method}: models {[round(e['loss'], 3) for e in r['endpoints']]} "
                   f"mean {r['endpoints_mean_loss']:.3f}, merged {r['merged']['loss']:.3f} "
                   f"(+{r['merged_minus_mean']:.3f}); pairs joint vs alone: {pairs}; "

@@ -12,13 +12,24 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import glmc
-from glmc.barrier import barrier, barrier_curve, get_method, lambda_grid, run_barrier
+from glmc.barrier import (
+    barrier,
+    barrier_curve,
+    batch_barriers,
+    get_method,
+    lambda_grid,
+    run_barrier,
+    standard_error,
+)
 from glmc.cli.main import main
 from glmc.data import CharTokenizer, ImageDataset, save_tokenizer
 from glmc.errors import GlmcError
 from glmc.evaluate import (
+    EvalResult,
     check_data_fits,
     default_batch_size,
     evaluate,
@@ -34,6 +45,39 @@ from glmc.symmetry.transform import Transform
 CHARS = "abcdefghijklmnopqrstuvwxyz .,\n"  # 30 characters: the tiny GPT-2's 30 ids
 
 # -- the arithmetic -----------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 9), st.integers(1, 12), st.integers(0, 2**31 - 1))
+def test_batch_barriers_add_up_to_the_barrier(points, batches, seed):
+    """Each batch's barrier at the peak, weighted by its share of the targets, adds up to the
+    barrier of the mean losses (random grids, per-batch losses and counts; float64, 1e-12);
+    a standard error of one batch is NaN, and batches that agree have none."""
+    rng = np.random.default_rng(seed)
+    lam = lambda_grid(points)
+    counts = tuple(int(c) for c in rng.integers(1, 50, batches))
+    results = []
+    for _ in lam:
+        sums = tuple(float(x) for x in rng.uniform(0, 5, batches) * np.array(counts))
+        results.append(EvalResult(sum(sums) / sum(counts), None, sum(counts), sums, counts))
+    values, weights = batch_barriers(lam, results)
+    assert values.shape == weights.shape == (batches,)
+    assert float(weights.sum()) == pytest.approx(1.0, abs=1e-12)
+    assert float(np.dot(weights, values)) == pytest.approx(
+        barrier(lam, [r.loss for r in results]), abs=1e-12)
+    se = standard_error(values, weights)
+    assert math.isnan(se) if batches == 1 else se >= 0
+    assert standard_error(np.full(batches, 0.3), weights) == pytest.approx(
+        math.nan if batches == 1 else 0.0, nan_ok=True, abs=1e-12)
+
+
+def test_standard_error_hand_computed():
+    """Equal shares: the sample standard deviation over √k; unequal shares weigh the spread
+    by the squared share (the batches' own sizes)."""
+    v = np.array([1.0, 2.0, 4.0, 5.0])
+    assert standard_error(v, np.full(4, 0.25)) == pytest.approx(np.std(v, ddof=1) / 2)
+    w = np.array([0.1, 0.2, 0.3, 0.4])  # mean 3.7; Σ w²(v − m)² = .0729+.1156+.0081+.2704
+    assert standard_error(v, w) == pytest.approx(math.sqrt(4 / 3 * 0.467))
 
 
 def test_barrier_hand_computed():
@@ -121,6 +165,20 @@ def test_endpoints_are_the_models_evaluated_separately(lm_pair, monkeypatch):
     assert not endpoint_warnings(report)
 
 
+def test_an_evaluation_keeps_each_batchs_loss(lm_pair):
+    """The mean loss is the batches' summed losses over the targets, in order, to the bit."""
+    a, b, text = lm_pair
+    r = evaluate(a, text, batch_size=2)
+    assert len(r.batch_losses) == len(r.batch_counts) > 1 and sum(r.batch_counts) == r.count
+    assert sum(r.batch_losses) / r.count == r.loss
+    # ... which gives the barrier a standard error (none from one batch)
+    several = run_barrier(a, b, text, methods=("none",), points=3, batch_size=2)
+    m = several.methods["none"]
+    assert m.loss_barrier_se is not None and m.loss_barrier_se >= 0
+    assert run_barrier(a, b, text, methods=("none",), points=3).methods[
+        "none"].loss_barrier_se is None
+
+
 def test_a_model_and_itself_have_no_barrier(lm_pair):
     a, _, text = lm_pair
     report = run_barrier(a, a, text, methods=("none",), points=3)
@@ -166,6 +224,7 @@ def test_cli_json_and_plot(lm_pair, tmp_path, capsys):
         assert m["lambdas"] == [0.0, 0.5, 1.0]
         assert len(m["losses"]) == 3 and all(math.isfinite(v) for v in m["losses"])
         assert m["loss_barrier"] >= 0 and m["acc_barrier"] is None and m["accuracies"] is None
+        assert m["loss_barrier_se"] is None  # (the test split is one batch)
         assert m["loss_a"] == m["losses"][-1] and m["loss_b"] == m["losses"][0]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out["plot"] == str(png)

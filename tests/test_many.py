@@ -314,6 +314,26 @@ def test_barrier_of_three_models_refined_by_learned_matching(bert_set, capsys):
     assert len(r["pairs"]) == 3 and all(p["barrier_pairwise"] is not None for p in r["pairs"])
 
 
+def test_pairs_report_what_the_frame_costs_with_standard_errors(bert_set):
+    """Each pair's excess (joint minus alone) and ratio come with standard errors over the
+    evaluation batches. In a star frame pair 1-2 is aligned as the pair alone is: no excess,
+    and a paired error of zero; a barrier above zero has an error above zero (the batches
+    disagree at its peak); with one batch there is no error to give."""
+    from glmc.many import many_barrier
+
+    r = many_barrier(bert_set, "shakespeare", frame="star", max_batches=3, points=3)
+    for p in r.pairs:
+        assert p["excess"] == pytest.approx(p["barrier_joint"] - p["barrier_pairwise"])
+        assert all(p[k] is not None and p[k] >= 0 for k in
+                   ("barrier_joint_se", "barrier_pairwise_se", "excess_se"))
+    first = r.pairs[0]
+    assert first["excess"] == pytest.approx(0.0, abs=1e-6) and first["excess_se"] < 1e-6
+    positive = [p for p in r.pairs if p["barrier_joint"] > 1e-4]
+    assert positive and all(p["barrier_joint_se"] > 0 and p["ratio_se"] > 0 for p in positive)
+    one = many_barrier(bert_set, "shakespeare", frame="star", max_batches=1, points=3)
+    assert all(p["excess_se"] is None and p["barrier_joint_se"] is None for p in one.pairs)
+
+
 def test_pairs_alone_take_their_own_options(bert_set):
     """``many_barrier(alone=...)``: each pair is aligned alone with those options, not the
     frame's. In a star frame pair 1-2 is aligned as the pair alone, so the pair alone with a

@@ -40,6 +40,7 @@ from glmc.data import Dataset, TextDataset, Tokenizer
 from glmc.defaults import MAX_POINTS, MIN_EVAL_TARGETS
 from glmc.errors import GlmcError
 from glmc.evaluate import (
+    EvalResult,
     Evaluator,
     InterpolationPath,
     LinePath,
@@ -108,6 +109,53 @@ def barrier(
     return float(curve.max())
 
 
+def batch_barriers(lambdas: Sequence[float], results: Sequence[EvalResult]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The loss barrier split over the fixed batches: each batch's own B_λ* at the grid
+    point λ* where the whole barrier peaks, and its share of the targets.
+
+    Args:
+        lambdas: the grid, shape (n,), with 0 and 1.
+        results: the evaluation at each λ, with per-batch losses (:class:`EvalResult`).
+
+    Returns:
+        (values, weights), float64 arrays (batches,): Σ weights·values is :func:`barrier`
+        of the mean losses, weights summing to 1.
+    """
+    counts = np.asarray(results[0].batch_counts, dtype=np.float64)
+    per = np.array([r.batch_losses for r in results], dtype=np.float64) / counts  # (n, batches)
+    peak = int(np.argmax(barrier_curve(lambdas, [r.loss for r in results])))
+    values = np.array([barrier_curve(lambdas, per[:, k])[peak] for k in range(per.shape[1])])
+    return values, counts / counts.sum()
+
+
+def standard_error(values: np.ndarray, weights: np.ndarray) -> float:
+    """Standard error of the weighted mean Σ weights·values (weights summing to 1), the
+    batches taken as independent draws (a ratio estimator's: the batches' spread about the
+    mean, weighted by their shares); NaN for fewer than two batches.
+
+    >>> round(standard_error(np.array([1.0, 3.0]), np.array([0.5, 0.5])), 6)
+    1.0
+    """
+    k = len(values)
+    if k < 2:
+        return math.nan
+    mean = float(np.dot(weights, values))
+    return math.sqrt(k / (k - 1) * float(np.sum(weights**2 * (values - mean) ** 2)))
+
+
+def barrier_se(lambdas: Sequence[float], results: Sequence[EvalResult],
+               minus: Sequence[EvalResult] | None = None) -> float | None:
+    """Standard error of the loss barrier of ``results`` (see :func:`batch_barriers`), or,
+    with ``minus``, of its difference from that of ``minus``, evaluated on the same batches
+    (paired: what the batches share cancels). None with one batch (no spread to measure)."""
+    values, weights = batch_barriers(lambdas, results)
+    if minus is not None:
+        values = values - batch_barriers(lambdas, minus)[0]
+    se = standard_error(values, weights)
+    return None if math.isnan(se) else se
+
+
 def lambda_grid(points: int) -> list[float]:
     """``points`` evenly spaced values of λ in [0, 1], both ends included (2 to
     :data:`~glmc.defaults.MAX_POINTS`: each point is one evaluation of the split)."""
@@ -159,6 +207,8 @@ class MethodResult:
         align_seconds, eval_seconds: wall time of the alignment and of the evaluations.
         alignment: the :class:`glmc.methods.Alignment` (transform, weight matching's trace,
             learned matching's log) when the method aligned B; None otherwise.
+        loss_barrier_se: the loss barrier's standard error over the evaluation batches
+            (:func:`barrier_se`); None with one batch.
     """
 
     name: str
@@ -172,6 +222,7 @@ class MethodResult:
     align_seconds: float
     eval_seconds: float
     alignment: Alignment | None = None
+    loss_barrier_se: float | None = None
 
     @classmethod
     def of(cls, name: str, lambdas: list[float], losses: list[float],
@@ -211,6 +262,7 @@ class MethodResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "loss_barrier": _finite(self.loss_barrier),
+            "loss_barrier_se": self.loss_barrier_se,
             "acc_barrier": _finite(self.acc_barrier),
             "lambdas": self.lambdas,
             "losses": [_finite(x) for x in self.losses],
@@ -461,7 +513,9 @@ def _measure(method: Method, prep: _Prepared, evaluator: Evaluator, options: Ali
     t_eval = time.perf_counter() - t2
     losses = [r.loss for r in evals]
     accs = [float(r.accuracy) for r in evals] if prep.a.task.classifier else None  # type: ignore[arg-type]
-    return MethodResult.of(name, lambdas, losses, accs, t_align, t_eval, alignment)
+    out = MethodResult.of(name, lambdas, losses, accs, t_align, t_eval, alignment)
+    out.loss_barrier_se = barrier_se(lambdas, evals)
+    return out
 
 
 def _path(method: Method, prep: _Prepared,

@@ -71,11 +71,16 @@ class EvalResult:
         loss: mean cross-entropy (nats) per target (token or image).
         accuracy: top-1 accuracy in [0, 1] for classifiers, None for language models.
         count: number of targets evaluated (tokens or images).
+        batch_losses: each fixed batch's summed loss (nats), shape (batches,): the units of
+            a standard error (see :func:`glmc.barrier.barrier_spread`).
+        batch_counts: each batch's number of targets, shape (batches,).
     """
 
     loss: float
     accuracy: float | None
     count: int
+    batch_losses: tuple[float, ...] = ()
+    batch_counts: tuple[int, ...] = ()
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -434,7 +439,8 @@ class Evaluator:
         self.batches = [(x.to(self.device, dtype) if x.is_floating_point() else
                          x.to(self.device), y.to(self.device)) for x, y in batches]
         # (targets IGNORE are not scored: a masked LM's unmasked tokens)
-        self.count = sum(int((y != IGNORE).sum()) for _, y in self.batches)
+        self.batch_counts = tuple(int((y != IGNORE).sum()) for _, y in self.batches)
+        self.count = sum(self.batch_counts)
         self._others: list[Evaluator] = []  # modules of other configs (see evaluate_along)
 
     def prepare(self, state: Mapping[str, torch.Tensor]) -> StateDict:
@@ -475,18 +481,20 @@ class Evaluator:
     @torch.inference_mode()
     def run(self) -> EvalResult:
         """Evaluate the weights currently in the module on the fixed batches."""
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        sums = []
         correct = torch.zeros((), dtype=torch.float64, device=self.device)
         classifier = task_of(self.config).classifier
         for x, y in self.batches:
             logits = self.module(x).float()
             logits = logits.reshape(-1, logits.shape[-1])
             target = y.reshape(-1)
-            total += F.cross_entropy(logits, target, reduction="sum").double()
+            sums.append(F.cross_entropy(logits, target, reduction="sum").double())
             if classifier:
                 correct += (logits.argmax(-1) == target).sum().double()
-        loss = float(total) / self.count
-        return EvalResult(loss, float(correct) / self.count if classifier else None, self.count)
+        per_batch = torch.stack(sums).tolist() if sums else []  # (one device sync)
+        loss = sum(per_batch) / self.count  # (in order: the float64 sum as before)
+        return EvalResult(loss, float(correct) / self.count if classifier else None, self.count,
+                          tuple(per_batch), self.batch_counts)
 
     def evaluate(self, state: Mapping[str, torch.Tensor]) -> EvalResult:
         """Loss (and accuracy) of the model with weights ``state``."""

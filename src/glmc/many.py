@@ -11,6 +11,7 @@ matching): the ratio says what consistency across the set costs the pair.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from glmc.api import merge_many
-from glmc.barrier import barrier, lambda_grid
+from glmc.barrier import barrier, barrier_se, batch_barriers, lambda_grid, standard_error
 from glmc.data import Dataset, Tokenizer, fixed_batches
 from glmc.errors import GlmcError
 from glmc.evaluate import (
@@ -70,6 +71,28 @@ class ManyReport:
                 "merged": self.merged, "merged_weighted": self.merged_weighted,
                 "weights": self.weights, "pairs": self.pairs, "frame": self.frame,
                 "seconds": round(self.seconds, 3), "warnings": self.warnings}
+
+
+def _costs(lambdas: list[float], joint: list[EvalResult], alone: list[EvalResult]
+           ) -> dict[str, Any]:
+    """A pair's barrier in the joint frame and aligned alone, the excess and the ratio, each
+    with its standard error over the evaluation batches (paired: both lines are evaluated on
+    the same batches, so the batches' own difficulty cancels in the excess and the ratio)."""
+    b_joint = barrier(lambdas, [r.loss for r in joint])
+    b_pair = barrier(lambdas, [r.loss for r in alone])
+    out = {"barrier_joint": b_joint, "barrier_pairwise": b_pair, "ratio": None,
+           "barrier_joint_se": barrier_se(lambdas, joint),
+           "barrier_pairwise_se": barrier_se(lambdas, alone),
+           "excess": b_joint - b_pair, "excess_se": barrier_se(lambdas, joint, minus=alone),
+           "ratio_se": None}
+    if b_pair > 0:
+        # (delta method: the ratio linearised about its value, batch by batch)
+        vj, w = batch_barriers(lambdas, joint)
+        vp, _ = batch_barriers(lambdas, alone)
+        out["ratio"] = ratio = b_joint / b_pair
+        se = standard_error((vj - ratio * vp) / b_pair, w)
+        out["ratio_se"] = None if math.isnan(se) else se
+    return out
 
 
 def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
@@ -127,11 +150,7 @@ def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
             in_frame = ev.evaluate_along(LinePath(moved[i], moved[j]), lambdas)
             own = pair_method(canon[i], canon[j], alone_options).aligned
             alone = ev.evaluate_along(LinePath(canon[i], own), lambdas)
-            b_joint = barrier(lambdas, [r.loss for r in in_frame])
-            b_pair = barrier(lambdas, [r.loss for r in alone])
-            pairs.append({"pair": [i + 1, j + 1], "barrier_joint": b_joint,
-                          "barrier_pairwise": b_pair,
-                          "ratio": b_joint / b_pair if b_pair > 0 else None})
+            pairs.append({"pair": [i + 1, j + 1]} | _costs(lambdas, in_frame, alone))
     return ManyReport(names, str(data) if isinstance(data, (str, Path)) else ds.name, split,
                       ev.count, canon[0].task.targets, endpoints, merged, weighted,
                       list(weights) if weights is not None else None, pairs,

@@ -116,7 +116,7 @@ def print_table(report: BarrierReport, out: Console) -> None:
     t = Table(title=f"{report.split} barriers, {len(report.lambdas)} points, "
                     f"{report.count:,} {report.targets}")
     t.add_column("method", no_wrap=True)
-    t.add_column("loss barrier", justify="right", no_wrap=True)
+    t.add_column("loss barrier (± s.e.)", justify="right", no_wrap=True)
     if cls:
         t.add_column("acc. barrier (pts)", justify="right", no_wrap=True)
     t.add_column("loss A (λ=1)", justify="right")
@@ -127,7 +127,7 @@ def print_table(report: BarrierReport, out: Console) -> None:
     t.add_column("max at λ", justify="right")
     t.add_column("seconds", justify="right")
     for name, m in report.methods.items():
-        row = [name, _fmt(m.loss_barrier)]
+        row = [name, _pm(m.loss_barrier, m.loss_barrier_se, 4)]
         if cls:
             row.append(_fmt(m.acc_barrier, percent=True))
         row += [_fmt(m.loss_a), _fmt(m.loss_b)]
@@ -288,12 +288,20 @@ def run_many(args: argparse.Namespace) -> int:
     if report.merged_weighted is not None:
         row(f"merged, weights {args.weights}", report.merged_weighted)
     out.print(t)
-    p = Table(title="pairwise loss barriers: in the joint frame, and the pair aligned alone")
-    for col in ("pair", "joint frame", "pair alone", "ratio"):
+    p = Table(title="pairwise loss barriers: in the joint frame, and the pair aligned alone "
+                    "(± a standard error over the evaluation batches)")
+    for col in ("pair", "joint frame", "pair alone", "joint − alone", "ratio"):
         p.add_column(col, justify="right")
     for r in report.pairs:
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
         p.add_row(f"{r['pair'][0]}-{r['pair'][1]}", _fmt(r["barrier_joint"]),
-                  _fmt(r["barrier_pairwise"]), ratio)
+                  _fmt(r["barrier_pairwise"]), _pm(r["excess"], r["excess_se"], 4),
+                  _pm(r["ratio"], r["ratio_se"], 2))
     out.print(p)
     return 0
+
+
+def _pm(x: float | None, se: float | None, digits: int) -> str:
+    """``x ± se`` (``x`` alone without a standard error; "-" without ``x``)."""
+    if x is None:
+        return "-"
+    return f"{x:.{digits}f}" + ("" if se is None else f" ± {se:.{digits}f}")
