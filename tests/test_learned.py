@@ -481,3 +481,15 @@ def test_refinement_of_three_models_resumes_to_the_same_latents(planted, data, t
     with pytest.raises(GlmcError, match="other options"):
         learned_many([a, b, c], data, start, LearnedMatchingOptions(
             steps=4, checkpoint=str(ckpt), resume=True))
+
+
+def test_learned_matching_runs_on_deterministic_kernels(planted, data):
+    """The steps run with torch's deterministic kernels (on several CPU threads some backward
+    kernels otherwise add in the order the threads finish, and a seed gave other bits from
+    one process to the next), and the caller's setting is given back afterwards."""
+    a, b, wm = planted
+    seen = []
+    assert not torch.are_deterministic_algorithms_enabled()
+    learned_matching(a, b, data, wm, LearnedMatchingOptions(steps=2, eval_every=1),
+                     progress=lambda *_: seen.append(torch.are_deterministic_algorithms_enabled()))
+    assert seen == [True, True] and not torch.are_deterministic_algorithms_enabled()

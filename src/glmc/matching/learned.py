@@ -44,6 +44,7 @@ from glmc.schedule import lr_factor
 from glmc.symmetry.groups import BlockMatrix, Element, Matrix, Permutation
 from glmc.symmetry.transform import Transform, apply_axes, filled
 from glmc.tensors import StateDict
+from glmc.threads import deterministic
 
 
 @dataclass
@@ -567,10 +568,11 @@ def _fit(a: CanonicalModel, path: PathModel, latents: Latents | LatentSet,
     run = _Run.start(latents, result, opts, setup=setup, **where)
     ckpt = Path(opts.checkpoint) if opts.checkpoint else None
     resumed = run.resume(ckpt, opts)
-    _evaluate_start(run, path, val_batches, resumed)
-    batches = data.batches("train", opts.batch_size, context, generator=run.data_gen)
-    t0 = time.perf_counter()
-    _train(run, path, batches, val_batches, opts, ckpt, progress)
+    with deterministic():  # (the same seed, the same bits, on any number of threads)
+        _evaluate_start(run, path, val_batches, resumed)
+        batches = data.batches("train", opts.batch_size, context, generator=run.data_gen)
+        t0 = time.perf_counter()
+        _train(run, path, batches, val_batches, opts, ckpt, progress)
     latents.restore(run.best)
     run.result.steps, run.result.seconds = len(run.result.log), time.perf_counter() - t0
     return run.result
