@@ -144,15 +144,10 @@ def standard_error(values: np.ndarray, weights: np.ndarray) -> float:
     return math.sqrt(k / (k - 1) * float(np.sum(weights**2 * (values - mean) ** 2)))
 
 
-def barrier_se(lambdas: Sequence[float], results: Sequence[EvalResult],
-               minus: Sequence[EvalResult] | None = None) -> float | None:
-    """Standard error of the loss barrier of ``results`` (see :func:`batch_barriers`), or,
-    with ``minus``, of its difference from that of ``minus``, evaluated on the same batches
-    (paired: what the batches share cancels). None with one batch (no spread to measure)."""
-    values, weights = batch_barriers(lambdas, results)
-    if minus is not None:
-        values = values - batch_barriers(lambdas, minus)[0]
-    se = standard_error(values, weights)
+def barrier_se(lambdas: Sequence[float], results: Sequence[EvalResult]) -> float | None:
+    """Standard error of the loss barrier of ``results`` (see :func:`batch_barriers`); None
+    with one batch (no spread to measure)."""
+    se = standard_error(*batch_barriers(lambdas, results))
     return None if math.isnan(se) else se
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from glmc.api import merge_many
-from glmc.barrier import barrier, barrier_se, batch_barriers, lambda_grid, standard_error
+from glmc.barrier import barrier, batch_barriers, lambda_grid, standard_error
 from glmc.data import Dataset, Tokenizer, fixed_batches
 from glmc.errors import GlmcError
 from glmc.evaluate import (
@@ -78,21 +78,21 @@ def _costs(lambdas: list[float], joint: list[EvalResult], alone: list[EvalResult
     """A pair's barrier in the joint frame and aligned alone, the excess and the ratio, each
     with its standard error over the evaluation batches (paired: both lines are evaluated on
     the same batches, so the batches' own difficulty cancels in the excess and the ratio)."""
+    vj, w = batch_barriers(lambdas, joint)
+    vp, _ = batch_barriers(lambdas, alone)
+
+    def se(values) -> float | None:  # (None: one batch, no spread to measure)
+        x = standard_error(values, w)
+        return None if math.isnan(x) else x
+
     b_joint = barrier(lambdas, [r.loss for r in joint])
     b_pair = barrier(lambdas, [r.loss for r in alone])
-    out = {"barrier_joint": b_joint, "barrier_pairwise": b_pair, "ratio": None,
-           "barrier_joint_se": barrier_se(lambdas, joint),
-           "barrier_pairwise_se": barrier_se(lambdas, alone),
-           "excess": b_joint - b_pair, "excess_se": barrier_se(lambdas, joint, minus=alone),
-           "ratio_se": None}
-    if b_pair > 0:
-        # (delta method: the ratio linearised about its value, batch by batch)
-        vj, w = batch_barriers(lambdas, joint)
-        vp, _ = batch_barriers(lambdas, alone)
-        out["ratio"] = ratio = b_joint / b_pair
-        se = standard_error((vj - ratio * vp) / b_pair, w)
-        out["ratio_se"] = None if math.isnan(se) else se
-    return out
+    ratio = b_joint / b_pair if b_pair > 0 else None
+    return {"barrier_joint": b_joint, "barrier_pairwise": b_pair, "ratio": ratio,
+            "barrier_joint_se": se(vj), "barrier_pairwise_se": se(vp),
+            "excess": b_joint - b_pair, "excess_se": se(vj - vp),
+            # (delta method: the ratio linearised about its value, batch by batch)
+            "ratio_se": None if ratio is None else se((vj - ratio * vp) / b_pair)}
 
 
 def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
