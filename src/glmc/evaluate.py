@@ -72,7 +72,7 @@ class EvalResult:
         accuracy: top-1 accuracy in [0, 1] for classifiers, None for language models.
         count: number of targets evaluated (tokens or images).
         batch_losses: each fixed batch's summed loss (nats), shape (batches,): the units of
-            a standard error (see :func:`glmc.barrier.barrier_spread`).
+            a standard error (see :func:`glmc.barrier.batch_barriers`).
         batch_counts: each batch's number of targets, shape (batches,).
     """
 
