@@ -119,7 +119,8 @@ def _alone_barriers(models: list[Path], data: str) -> dict:
     return out
 
 
-def screen(models: list[Path], data: str, settings: list[dict]) -> list[dict]:
+def screen(models: list[Path], data: str, settings: list[dict],
+           frame: str = "mergemany") -> list[dict]:
     """Learned refinement from MergeMany for each setting (e.g. the Dirichlet α, the edge
     fraction), chosen on validation only: the refinement's own estimate (its validation loss
     at the centroid and the pairs' midpoints minus the endpoints' line there), and each
@@ -129,7 +130,7 @@ def screen(models: list[Path], data: str, settings: list[dict]) -> list[dict]:
     rows = []
     for setting in settings:
         t0 = time.perf_counter()
-        out = merge_many(models, method="learned", data=data,
+        out = merge_many(models, method="learned", data=data, frame=frame,
                          options=AlignOptions(seed=0).updated(**setting))
         ln = out.settings["learned"]
         rows.append({**setting, "val_barrier_start": ln["start_barrier_estimate"],
@@ -176,6 +177,9 @@ def main() -> None:
     ap.add_argument("--weight-frames", nargs="+", default=["mergemany", "universe"],
                     help="the frames weight matching is measured in (learned refinement "
                     "starts from MergeMany's)")
+    ap.add_argument("--learned-frame", default="mergemany",
+                    help="the weight-matching frame learned refinement starts from (e.g. star, "
+                    "with start_steps: each pair's own start)")
     ap.add_argument("--n", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-batches", type=int, default=None,
@@ -216,13 +220,14 @@ def main() -> None:
             continue
         if screened:
             name, rows = screened
-            results[key] = {f"screen_{name}": screen(models, data, rows)}
+            results[key] = {f"screen_{name}": screen(models, data, rows, args.learned_frame),
+                            "learned_frame": args.learned_frame}
             if args.screen_alone:
                 results[key]["val_points_alone"] = _alone_barriers(models, data)
             continue
         results[key] = {}
         runs = [(m, f) for m in args.methods
-                for f in (args.weight_frames if m == "weight" else ["mergemany"])]
+                for f in (args.weight_frames if m == "weight" else [args.learned_frame])]
         for method, frame in runs:
             r = measure(models, data, method, args.max_batches, frame,
                         joint_learned if method.startswith("learned") else None)
