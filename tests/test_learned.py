@@ -483,34 +483,6 @@ def test_refinement_of_three_models_resumes_to_the_same_latents(planted, data, t
             steps=4, checkpoint=str(ckpt), resume=True))
 
 
-def test_refinement_can_start_from_the_star_of_learned_pairs(planted, data):
-    """With ``start_steps``, the refinement starts where each model aligned alone to the first
-    by that many steps of learned matching ends (bit for bit the run handed those pairs as its
-    start), not where weight matching left it."""
-    from glmc.errors import GlmcError
-    from glmc.matching.learned import learned_many
-
-    a, b, wm = planted
-    c = a.transformed(Transform.random(a.spec, torch.Generator().manual_seed(7), torch.float32,
-                                       subgroups={"residual": "fix_ones"}))
-    start = [Transform.identity(a.spec), perturbed(wm), perturbed(weight_matching(a, c).transform)]
-    opts = LearnedMatchingOptions(steps=2, eval_every=1, lr=3e-2, perm_lr_scale=1.0)
-    pairs = [learned_matching(a, m, data, t, LearnedMatchingOptions(
-        steps=30, eval_every=1, lr=3e-2, perm_lr_scale=1.0)).transform
-        for m, t in zip((b, c), start[1:], strict=True)]
-    starred = learned_many([a, b, c], data, start, LearnedMatchingOptions(
-        steps=2, eval_every=1, lr=3e-2, perm_lr_scale=1.0, start_steps=30))
-    handed = learned_many([a, b, c], data, [start[0], *pairs], opts)
-    plain = learned_many([a, b, c], data, start, opts)
-    assert starred.start_val == handed.start_val and starred.best_val == handed.best_val
-    assert starred.start_val < plain.start_val - 1e-3, (starred.start_val, plain.start_val)
-    for t0, t1 in zip(starred.transforms, handed.transforms, strict=True):
-        for s, e in t0.elements.items():
-            assert torch.equal(e.matrix(torch.float64), t1.elements[s].matrix(torch.float64)), s
-    with pytest.raises(GlmcError, match="start steps"):
-        LearnedMatchingOptions(start_steps=-1)
-
-
 def test_learned_matching_runs_on_deterministic_kernels(planted, data):
     """The steps run with torch's deterministic kernels (on several CPU threads some backward
     kernels otherwise add in the order the threads finish, and a seed gave other bits from

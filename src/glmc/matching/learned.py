@@ -525,10 +525,9 @@ def learned_many(
     the pair's λ (``opts.lam_for``; the pair drawn by its last validation barrier with
     ``opts.edge_focus``, see :class:`SimplexSampler`). Models 2..N train their own latents, as in
     :func:`learned_matching` against the first; validation is at :func:`simplex_points`,
-    and the start is the best so far; with ``opts.start_steps``, the start is each model's
-    ``init`` refined alone against the first by that many steps of :func:`learned_matching`.
-    ``inner`` and ``progress`` as for :func:`learned_matching`; ``fix_ones``: for all models
-    after the first, or one each (``opts.eval_lambdas`` is the pair's and is not read)."""
+    and the start is the best so far. ``inner`` and ``progress`` as for
+    :func:`learned_matching`; ``fix_ones``: for all models after the first, or one each
+    (``opts.eval_lambdas`` is the pair's and is not read)."""
     opts = opts or LearnedMatchingOptions()
     inner = inner or default_inner(opts.residual)
     _check(opts)
@@ -538,14 +537,8 @@ def learned_many(
                         f"got {n} models and {len(init)} transforms")
     alpha = opts.dirichlet_alpha
     fix = [fix_ones] * (n - 1) if isinstance(fix_ones, bool) else list(fix_ones)
-    if opts.start_steps:  # (the star of learned pairs; rerun, not checkpointed, on a resume)
-        pair = replace(opts, steps=opts.start_steps, checkpoint=None, resume=False)
-        start = [init[0], *(learned_matching(models[0], m, data, t, pair, f, inner=inner).transform
-                            for m, t, f in zip(models[1:], init[1:], fix, strict=True))]
-    else:
-        start = list(init)
     latents = LatentSet([Latents(models[0], m, t, opts.residual, inner, f)
-                         for m, t, f in zip(models[1:], start[1:], fix, strict=True)])
+                         for m, t, f in zip(models[1:], init[1:], fix, strict=True)])
     path = PathModel(models[0], models[1:], list(latents.members), getattr(torch, opts.dtype))
     points = simplex_points(n)
     vertices = tuple(tuple(float(k == i) for k in range(n)) for i in range(n))
@@ -555,8 +548,7 @@ def learned_many(
                                     alpha=alpha, lam=lam),
                   data, opts, {"inner": inner, "fix_ones": fix, "models": n,
                                "alpha": alpha, "edge_fraction": opts.edge_fraction,
-                               "edge_focus": opts.edge_focus,
-                               "start_steps": opts.start_steps}, progress,
+                               "edge_focus": opts.edge_focus}, progress,
                   points=points,
                   sample=SimplexSampler(alpha, n, opts.edge_fraction, lam, opts.edge_focus),
                   vertices=vertices)
@@ -700,7 +692,7 @@ def _comparable(opts: LearnedMatchingOptions) -> dict:
     """Options that must match for a resumed run to continue the same run."""
     d = asdict(replace(opts))
     for k in ("checkpoint", "checkpoint_every", "resume", "dirichlet_alpha", "edge_fraction",
-              "edge_focus", "start_steps"):
+              "edge_focus"):
         d.pop(k)  # (N models' runs keep these in their setup; a pair never reads them)
     d["eval_lambdas"] = list(d["eval_lambdas"])
     return d

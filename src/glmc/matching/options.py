@@ -130,10 +130,6 @@ class LearnedMatchingOptions:
     #: edges brought the worst pair from 1.22 to 1.12 times its barrier aligned alone; at
     #: 3,000 steps it changed nothing (1.22, 1.28), so the default stays 0
     edge_focus: float = 0.0
-    #: N models: 0 refines the frame as weight matching left it; k > 0 first aligns each model
-    #: after the first to the first alone, by k steps of learned matching from its start in
-    #: the frame (the star of learned pairs), and refines the frame from there
-    start_steps: int = 0
     eval_every: int = 100
     eval_lambdas: tuple[float, ...] = (0.5,)
     eval_batches: int = 4
@@ -156,7 +152,6 @@ class LearnedMatchingOptions:
              f"the edge fraction must be in [0, 1], got {self.edge_fraction}"),
             (0 <= self.edge_focus < float("inf"),
              f"the edge focus must be >= 0 and finite, got {self.edge_focus}"),
-            (self.start_steps >= 0, f"start steps must be at least 0, got {self.start_steps}"),
             (self.perm_lr_scale >= 0,
              f"permutation learning-rate scale must be >= 0, got {self.perm_lr_scale}"),
             (self.warmup >= 0, f"warm-up must be at least 0, got {self.warmup}"),
