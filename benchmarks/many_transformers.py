@@ -37,7 +37,7 @@ from quality import suite
 
 from glmc.demo import train_models
 from glmc.many import many_barrier
-from glmc.matching.options import LearnedMatchingOptions
+from glmc.matching.options import FRAMES, LearnedMatchingOptions
 from glmc.methods import AlignOptions
 
 SETS = ("gpt2-demo", "vit-demo")
@@ -121,10 +121,10 @@ def _alone_barriers(models: list[Path], data: str) -> dict:
 
 def screen(models: list[Path], data: str, settings: list[dict],
            frame: str = "mergemany") -> list[dict]:
-    """Learned refinement from MergeMany for each setting (e.g. the Dirichlet α, the edge
-    fraction), chosen on validation only: the refinement's own estimate (its validation loss
-    at the centroid and the pairs' midpoints minus the endpoints' line there), and each
-    point's validation barrier; no test data read."""
+    """Learned refinement from ``frame``'s weight matching for each setting (e.g. the Dirichlet
+    α, the edge fraction), chosen on validation only: the refinement's own estimate (its
+    validation loss at the centroid and the pairs' midpoints minus the endpoints' line there),
+    and each point's validation barrier; no test data read."""
     from glmc.api import merge_many
 
     rows = []
@@ -176,10 +176,10 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["weight", "learned"])
     ap.add_argument("--weight-frames", nargs="+", default=["mergemany", "universe"],
                     help="the frames weight matching is measured in (learned refinement "
-                    "starts from MergeMany's)")
-    ap.add_argument("--learned-frame", default="mergemany",
-                    help="the weight-matching frame learned refinement starts from (e.g. star, "
-                    "with start_steps: each pair's own start)")
+                    "starts from --learned-frame's)")
+    ap.add_argument("--learned-frame", choices=FRAMES, default="mergemany",
+                    help="the weight-matching frame learned refinement starts from, in the "
+                    "screens too (default: %(default)s)")
     ap.add_argument("--n", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-batches", type=int, default=None,
