@@ -144,11 +144,16 @@ def standard_error(values: np.ndarray, weights: np.ndarray) -> float:
     return math.sqrt(k / (k - 1) * float(np.sum(weights**2 * (values - mean) ** 2)))
 
 
+def reported_se(values: np.ndarray, weights: np.ndarray) -> float | None:
+    """:func:`standard_error` as a report gives it: None for one batch (no spread to measure)."""
+    se = standard_error(values, weights)
+    return None if math.isnan(se) else se
+
+
 def barrier_se(lambdas: Sequence[float], results: Sequence[EvalResult]) -> float | None:
     """Standard error of the loss barrier of ``results`` (see :func:`batch_barriers`); None
-    with one batch (no spread to measure)."""
-    se = standard_error(*batch_barriers(lambdas, results))
-    return None if math.isnan(se) else se
+    with one batch."""
+    return reported_se(*batch_barriers(lambdas, results))
 
 
 def lambda_grid(points: int) -> list[float]:

@@ -11,7 +11,6 @@ matching): the ratio says what consistency across the set costs the pair.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from glmc.api import merge_many
-from glmc.barrier import barrier, batch_barriers, lambda_grid, standard_error
+from glmc.barrier import barrier, batch_barriers, lambda_grid, reported_se
 from glmc.data import Dataset, Tokenizer, fixed_batches
 from glmc.errors import GlmcError
 from glmc.evaluate import (
@@ -80,19 +79,14 @@ def _costs(lambdas: list[float], joint: list[EvalResult], alone: list[EvalResult
     the same batches, so the batches' own difficulty cancels in the excess and the ratio)."""
     vj, w = batch_barriers(lambdas, joint)
     vp, _ = batch_barriers(lambdas, alone)
-
-    def se(values) -> float | None:  # (None: one batch, no spread to measure)
-        x = standard_error(values, w)
-        return None if math.isnan(x) else x
-
     b_joint = barrier(lambdas, [r.loss for r in joint])
     b_pair = barrier(lambdas, [r.loss for r in alone])
     ratio = b_joint / b_pair if b_pair > 0 else None
     return {"barrier_joint": b_joint, "barrier_pairwise": b_pair, "ratio": ratio,
-            "barrier_joint_se": se(vj), "barrier_pairwise_se": se(vp),
-            "excess": b_joint - b_pair, "excess_se": se(vj - vp),
+            "barrier_joint_se": reported_se(vj, w), "barrier_pairwise_se": reported_se(vp, w),
+            "excess": b_joint - b_pair, "excess_se": reported_se(vj - vp, w),
             # (delta method: the ratio linearised about its value, batch by batch)
-            "ratio_se": None if ratio is None else se((vj - ratio * vp) / b_pair)}
+            "ratio_se": None if ratio is None else reported_se((vj - ratio * vp) / b_pair, w)}
 
 
 def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
