@@ -22,6 +22,9 @@ the pair's own.
         edge_fraction=0.9 edge_focus=100 --out results/many_transformers_6000_focus.json
     python benchmarks/many_transformers.py --sets gpt2-demo --screen-edge-focus 0 100 \
         --screen-with steps=3000 edge_fraction=0.9 --out results/many_transformers_focus.json
+    python benchmarks/many_transformers.py --sets gpt2-demo --screen-seed 1 2 --alone-seeds 1 2 \
+        --screen-with steps=6000 edge_fraction=0.9 edge_focus=100 \
+        --out results/many_transformers_seeds_gpt2.json
 """
 
 from __future__ import annotations
@@ -95,9 +98,10 @@ def _point_barriers(models: list[Path], frame, data: str) -> dict:
     return out
 
 
-def _alone_barriers(models: list[Path], data: str) -> dict:
+def _alone_barriers(models: list[Path], data: str, seed: int = 0) -> dict:
     """Validation barrier at the midpoint of each pair aligned alone by learned matching (the
-    library's defaults), minus the pair's mean: what the joint frame's pairs are held to."""
+    library's defaults but ``seed``), minus the pair's mean: what the joint frame's pairs are
+    held to."""
     from glmc.api import align
     from glmc.evaluate import evaluate
     from glmc.io.folders import load_model
@@ -109,12 +113,12 @@ def _alone_barriers(models: list[Path], data: str) -> dict:
         for j in range(i + 1, len(canon)):
             t0 = time.perf_counter()
             b = align(canon[i], canon[j], method="learned", data=data,
-                      options=AlignOptions(seed=0)).aligned
+                      options=AlignOptions(seed=seed)).aligned
             ends = [evaluate(m, data, "val").loss for m in (canon[i], b)]
             mid = evaluate(b.with_state(weighted_mean([canon[i].state, b.state], [0.5, 0.5])),
                            data, "val").loss
             out[f"{i + 1}-{j + 1}"] = mid - sum(ends) / 2
-            print(f"pair {i + 1}-{j + 1} alone: validation midpoint barrier "
+            print(f"pair {i + 1}-{j + 1} alone (seed {seed}): validation midpoint barrier "
                   f"{out[f'{i + 1}-{j + 1}']:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
     return out
 
@@ -148,7 +152,8 @@ def screens(args) -> tuple[str, list[dict]] | None:
     for name, key, values in (("alpha", "dirichlet_alpha", args.screen_alpha),
                               ("edge_fraction", "edge_fraction", args.screen_edge_fraction),
                               ("steps", "steps", args.screen_steps),
-                              ("edge_focus", "edge_focus", args.screen_edge_focus)):
+                              ("edge_focus", "edge_focus", args.screen_edge_focus),
+                              ("seed", "seed", args.screen_seed)):
         if values:
             shared = learned_options(args.screen_with, "--screen-with")
             return name, [{**shared, key: v} for v in values]
@@ -197,12 +202,18 @@ def main() -> None:
     ap.add_argument("--screen-edge-focus", type=float, nargs="+", default=None,
                     metavar="F", help="instead: learned refinement for each edge focus (edges "
                     "drawn by the pairs' last validation barriers), on validation data only")
+    ap.add_argument("--screen-seed", type=int, nargs="+", default=None, metavar="SEED",
+                    help="instead: learned refinement for each seed (its λ and edge draws), on "
+                    "validation data only: the run-to-run spread, and restarts chosen on it")
     ap.add_argument("--screen-with", nargs="+", default=[], metavar="NAME=VALUE",
                     help="with a screen: learned matching's options every setting shares "
                     "(e.g. steps=3000)")
     ap.add_argument("--screen-alone", action="store_true",
                     help="with a screen: also each pair aligned alone by learned matching, "
                     "its validation midpoint barrier")
+    ap.add_argument("--alone-seeds", type=int, nargs="+", default=[], metavar="SEED",
+                    help="with a screen: also each pair aligned alone with each of these seeds "
+                    "(the spread of what the joint frame's pairs are held to)")
     ap.add_argument("--learned-with", nargs="+", default=[], metavar="NAME=VALUE",
                     help="learned refinement's options for the joint frame (e.g. steps=6000); "
                     "each pair alone keeps the library's defaults")
@@ -224,6 +235,9 @@ def main() -> None:
                             "learned_frame": args.learned_frame}
             if args.screen_alone:
                 results[key]["val_points_alone"] = _alone_barriers(models, data)
+            for seed in args.alone_seeds:
+                results[key].setdefault("val_points_alone_by_seed", {})[str(seed)] = \
+                    _alone_barriers(models, data, seed)
             continue
         results[key] = {}
         runs = [(m, f) for m in args.methods
