@@ -57,14 +57,15 @@ def folders(cache: Path, key: str, n: int) -> tuple[list[Path], str]:
 
 
 def measure(models: list[Path], data: str, method: str, max_batches: int | None,
-            frame: str = "mergemany", learned: dict | None = None) -> dict:
+            frame: str = "mergemany", learned: dict | None = None, alone_seed: int = 0) -> dict:
     """The set merged and its pairs by ``method``; ``learned``: learned matching's options for
-    the joint frame only (each pair alone keeps the library's defaults)."""
+    the joint frame only (each pair alone keeps the library's defaults, with ``alone_seed``)."""
     t0 = time.perf_counter()
     r = many_barrier(models, data, method=method, max_batches=max_batches, frame=frame,
                      options=AlignOptions(seed=0).updated(**(learned or {})),
-                     alone=AlignOptions(seed=0))
+                     alone=AlignOptions(seed=alone_seed))
     out = r.to_json()
+    out["alone_seed"] = alone_seed
     out["joint_learned_options"] = learned or {}
     if out["frame"].get("learned"):  # (the steps' log: every λ drawn; kept out of the record)
         out["frame"]["learned"].pop("log", None)
@@ -214,6 +215,8 @@ def main() -> None:
     ap.add_argument("--alone-seeds", type=int, nargs="+", default=[], metavar="SEED",
                     help="with a screen: also each pair aligned alone with each of these seeds "
                     "(the spread of what the joint frame's pairs are held to)")
+    ap.add_argument("--alone-seed", type=int, default=0,
+                    help="the seed each pair aligned alone is given (default: %(default)s)")
     ap.add_argument("--learned-with", nargs="+", default=[], metavar="NAME=VALUE",
                     help="learned refinement's options for the joint frame (e.g. steps=6000); "
                     "each pair alone keeps the library's defaults")
@@ -244,7 +247,8 @@ def main() -> None:
                 for f in (args.weight_frames if m == "weight" else [args.learned_frame])]
         for method, frame in runs:
             r = measure(models, data, method, args.max_batches, frame,
-                        joint_learned if method.startswith("learned") else None)
+                        joint_learned if method.startswith("learned") else None,
+                        args.alone_seed)
             method = method if frame == "mergemany" else f"{method} ({frame})"
             results[key][method] = r
             pairs = ", ".join(f"{p['pair'][0]}-{p['pair'][1]} {p['barrier_joint']:.3f} vs "
