@@ -204,8 +204,9 @@ def main() -> None:
                     metavar="F", help="instead: learned refinement for each edge focus (edges "
                     "drawn by the pairs' last validation barriers), on validation data only")
     ap.add_argument("--screen-seed", type=int, nargs="+", default=None, metavar="SEED",
-                    help="instead: learned refinement for each seed (its λ and edge draws), on "
-                    "validation data only: the run-to-run spread, and restarts chosen on it")
+                    help="instead: the joint frame for each seed (MergeMany's order, the data "
+                    "order, the λ and edge draws), on validation data only: the run-to-run "
+                    "spread")
     ap.add_argument("--screen-with", nargs="+", default=[], metavar="NAME=VALUE",
                     help="with a screen: learned matching's options every setting shares "
                     "(e.g. steps=3000)")
