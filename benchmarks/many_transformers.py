@@ -172,7 +172,10 @@ def learned_options(items: list[str], flag: str) -> dict:
         k, _, v = w.partition("=")
         if not hasattr(defaults, k):
             raise SystemExit(f"{flag} {w}: learned matching has no option {k!r}")
-        out[k] = type(getattr(defaults, k))(v)
+        kind = type(getattr(defaults, k))
+        if kind is bool and v.lower() not in ("true", "false"):
+            raise SystemExit(f"{flag} {w}: {k} is true or false")
+        out[k] = v.lower() == "true" if kind is bool else kind(v)
     return out
 
 

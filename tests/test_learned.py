@@ -357,23 +357,44 @@ def test_the_path_over_n_models_is_the_pair_path_on_an_edge(planted):
     assert all(torch.allclose(vertex[k], moved[k], atol=1e-6) for k in moved)
 
 
+@pytest.mark.parametrize("free_frame", [False, True])
 def test_refinement_of_a_planted_set_reaches_zero_barrier_from_a_perturbed_start(planted,
-                                                                                 data):
+                                                                                 data,
+                                                                                 free_frame):
     """Three models made from A by known symmetries, the third's start perturbed (units and
     heads swapped, the residual map rotated): learned refinement over the simplex (λ ~
     Dirichlet(1), uniform on it) brings the validation loss at the centroid and the pairs'
     midpoints from above the endpoints' line to at or below it, as for a pair (measured:
     0.0085 above, then 0.0081 below; on this overfit toy some non-exact maps do better than
-    A). The transforms stay symmetries: π_i(θ_i) computes model i's function."""
-    from glmc.matching.learned import learned_many, simplex_points
+    A). The transforms stay symmetries: π_i(θ_i) computes model i's function. In a free frame
+    (the first model's map trains too) the same holds of the maps moved back into the first
+    model's coordinates, and they give the path's losses at the validation points that the
+    run reported: the frame's own map was undone exactly (float32 rounding)."""
+    from glmc.matching.learned import (
+        Latents,
+        PathModel,
+        _validation_batches,
+        learned_many,
+        simplex_points,
+    )
 
     a, b, wm = planted
     c = a.transformed(Transform.random(a.spec, torch.Generator().manual_seed(7), torch.float32,
                                        subgroups={"residual": "fix_ones"}))
     start = [Transform.identity(a.spec), wm, perturbed(weight_matching(a, c).transform)]
     opts = LearnedMatchingOptions(steps=300, eval_every=50, lr=3e-2, patience=0,
-                                  perm_lr_scale=1.0, dirichlet_alpha=1.0)
+                                  perm_lr_scale=1.0, dirichlet_alpha=1.0,
+                                  free_frame=free_frame)
     result = learned_many([a, b, c], data, start, opts)
+    anchored = PathModel(a, [b, c], [Latents(a, m, t, "orthogonal", "invertible", True)
+                                     for m, t in zip((b, c), result.transforms[1:],
+                                                     strict=True)])
+    val = anchored.losses(_validation_batches(data, opts, a.task.context(a.config)),
+                          simplex_points(3))
+    assert sum(val) / len(val) == pytest.approx(result.best_val, abs=1e-5)
+    moved = result.distance.get("frame", {})
+    assert (max(d.get("frobenius", d.get("fraction", 0.0)) for d in moved.values()) > 1e-3
+            if free_frame else not moved), moved
     assert len(result.transforms) == 3 and result.points == [list(p) for p in
                                                              simplex_points(3)]
     assert result.start_val - result.baseline_val > 5e-3, result.to_json()
@@ -446,12 +467,14 @@ def test_edge_focus_draws_the_worst_pairs_most():
     assert {x[0] > x[1] for x in draws if x[2] == 0.0} == {True, False}
 
 
-@pytest.mark.parametrize("edge_focus", [0.0, 100.0])
+@pytest.mark.parametrize(("edge_focus", "free_frame"), [(0.0, False), (100.0, False),
+                                                        (0.0, True)])
 def test_refinement_of_three_models_resumes_to_the_same_latents(planted, data, tmp_path,
-                                                                 edge_focus):
+                                                                 edge_focus, free_frame):
     """Killed at step 12 and resumed from its checkpoint, the refinement of three models ends
     where the uninterrupted run does (λ draws, the edges' odds, data order and every model's
-    latents); a checkpoint of a pair's run is refused."""
+    latents, the first's in a free frame); a checkpoint of a pair's run is refused, and one
+    of the other kind of frame."""
     from glmc.errors import GlmcError
     from glmc.matching.learned import learned_many
 
@@ -461,7 +484,7 @@ def test_refinement_of_three_models_resumes_to_the_same_latents(planted, data, t
     start = [Transform.identity(a.spec), wm, weight_matching(a, c).transform]
     ckpt = tmp_path / "latents.pt"
     base = dict(steps=20, eval_every=5, checkpoint=str(ckpt), checkpoint_every=5,
-                edge_focus=edge_focus)
+                edge_focus=edge_focus, free_frame=free_frame)
     straight = learned_many([a, b, c], data, start, LearnedMatchingOptions(**base))
     ckpt.unlink()
 
@@ -477,6 +500,9 @@ def test_refinement_of_three_models_resumes_to_the_same_latents(planted, data, t
             assert torch.equal(e.matrix(torch.float64), t1.elements[s].matrix(torch.float64)), s
     assert straight.best_val == resumed.best_val
     assert [r["lambda"] for r in straight.log] == [r["lambda"] for r in resumed.log]
+    with pytest.raises(GlmcError, match="other options"):
+        learned_many([a, b, c], data, start, LearnedMatchingOptions(
+            **(base | {"free_frame": not free_frame}), resume=True))
     learned_matching(a, b, data, wm, LearnedMatchingOptions(steps=4, checkpoint=str(ckpt)))
     with pytest.raises(GlmcError, match="other options"):
         learned_many([a, b, c], data, start, LearnedMatchingOptions(

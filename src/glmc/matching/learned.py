@@ -171,28 +171,45 @@ class Latents(torch.nn.Module):
 
 
 class LatentSet(torch.nn.Module):
-    """The latents of N − 1 models against the first (the frame), trained together."""
+    """The latents of N − 1 models against the first (the frame), trained together; with
+    ``first``, the first model's own latents too (a free frame)."""
 
-    def __init__(self, members: Sequence[Latents]) -> None:
+    def __init__(self, members: Sequence[Latents], first: Latents | None = None) -> None:
         super().__init__()
         self.members = torch.nn.ModuleList(members)
+        self.first = first
+
+    def _all(self) -> list[Latents]:
+        return [*([self.first] if self.first is not None else []), *self.members]
 
     def project(self, pool: ThreadPoolExecutor | None) -> list[torch.nn.Parameter]:
-        return [p for m in self.members for p in m.project(pool)]
+        return [p for m in self._all() for p in m.project(pool)]
 
     def transforms(self) -> list[Transform]:
-        return [m.transform() for m in self.members]
+        """Models 2..N's maps into the first model's coordinates (a free frame's moved back
+        by the first's inverse: T₁⁻¹ ∘ T_i)."""
+        if self.first is None:
+            return [m.transform() for m in self.members]
+        spec = self.first.spec
+        back = self.first.transform().inverse(spec)
+        return [back.compose(m.transform(), spec) for m in self.members]
 
     def snapshot(self) -> dict:
-        return {"members": [m.snapshot() for m in self.members]}
+        snap = {"members": [m.snapshot() for m in self.members]}
+        return snap | ({"first": self.first.snapshot()} if self.first is not None else {})
 
     def restore(self, snap: dict, where: str = "") -> None:
         if len(snap.get("members", ())) != len(self.members):
             raise GlmcError(f"{where}: latents of {len(snap.get('members', ()))} models after "
                             f"the first, these models have {len(self.members)} (a checkpoint "
                             "of other models?)")
+        if ("first" in snap) != (self.first is not None):
+            raise GlmcError(f"{where}: a checkpoint of a {'free' if 'first' in snap else 'fixed'}"
+                            " frame; start without --resume or use the same options")
         for m, s in zip(self.members, snap["members"], strict=True):
             m.restore(s, where)
+        if self.first is not None:
+            self.first.restore(snap["first"], where)
 
 
 # -- the path ------------------------------------------------------------------------------
@@ -204,12 +221,13 @@ def task_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 class PathModel:
-    """θ(w) = Σ_i w_i·π_i(θ_i) over N models (π_1 the identity, π_i from ``latents[i − 2]``)
-    evaluated with one module. A pair takes a float λ: θ(λ) = λ·θ_A + (1 − λ)·π(θ_B)."""
+    """θ(w) = Σ_i w_i·π_i(θ_i) over N models (π_1 the identity, or from ``first``; π_i from
+    ``latents[i − 2]``) evaluated with one module. A pair takes a float λ:
+    θ(λ) = λ·θ_A + (1 − λ)·π(θ_B)."""
 
     def __init__(self, a: CanonicalModel, b: CanonicalModel | Sequence[CanonicalModel],
                  latents: Latents | Sequence[Latents],
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, first: Latents | None = None) -> None:
         others = [b] if isinstance(b, CanonicalModel) else list(b)
         self.members = [latents] if isinstance(latents, Latents) else list(latents)
         if len(self.members) != len(others):
@@ -219,6 +237,7 @@ class PathModel:
         self.states = [{k: v.to(dtype) for k, v in m.state.items()} for m in (a, *others)]
         #: (a narrower model's free entries take the first model's values at every step)
         self.free = [m.free for m in others]
+        self.first = first
         self.module = a.module(dtype)
         for p in self.module.parameters():
             p.requires_grad_(False)
@@ -234,9 +253,10 @@ class PathModel:
         out = {}
         states = [filled(self.spec, st, free, self.states[0], e) if free else st
                   for st, free, e in zip(self.states[1:], self.free, els, strict=True)]
+        e0 = self.first.elements() if self.first is not None else None
         for n, x0 in self.states[0].items():
             tags = self.spec.axes.get(n)
-            acc = w[0] * x0
+            acc = w[0] * (apply_axes(x0, tags, e0) if e0 is not None and tags else x0)
             for wi, st, e in zip(w[1:], states, els, strict=True):
                 acc = acc + wi * (apply_axes(st[n], tags, e) if tags else st[n])
             out[n] = acc
@@ -537,9 +557,20 @@ def learned_many(
                         f"got {n} models and {len(init)} transforms")
     alpha = opts.dirichlet_alpha
     fix = [fix_ones] * (n - 1) if isinstance(fix_ones, bool) else list(fix_ones)
+    first = None
+    if opts.free_frame:
+        if any(m.free for m in models[1:]):
+            raise GlmcError("a free frame needs models of one width (a narrower model's free "
+                            "entries take the first model's values, in its coordinates)")
+        # (the first keeps the all-ones direction where every pair does: so does the frame)
+        groups = effective_groups(models[0].spec, "orthogonal" if opts.residual == "none"
+                                  else opts.residual, inner, all(fix))
+        home = Transform({s: g.identity() for s, g in groups.items()})
+        first = Latents(models[0], models[0], home, opts.residual, inner, all(fix))
     latents = LatentSet([Latents(models[0], m, t, opts.residual, inner, f)
-                         for m, t, f in zip(models[1:], init[1:], fix, strict=True)])
-    path = PathModel(models[0], models[1:], list(latents.members), getattr(torch, opts.dtype))
+                         for m, t, f in zip(models[1:], init[1:], fix, strict=True)], first)
+    path = PathModel(models[0], models[1:], list(latents.members), getattr(torch, opts.dtype),
+                     first=first)
     points = simplex_points(n)
     vertices = tuple(tuple(float(k == i) for k in range(n)) for i in range(n))
     lam = opts.lam_for(narrower=any(bool(m.free) for m in models[1:]))
@@ -548,13 +579,16 @@ def learned_many(
                                     alpha=alpha, lam=lam),
                   data, opts, {"inner": inner, "fix_ones": fix, "models": n,
                                "alpha": alpha, "edge_fraction": opts.edge_fraction,
-                               "edge_focus": opts.edge_focus}, progress,
+                               "edge_focus": opts.edge_focus,
+                               "free_frame": opts.free_frame}, progress,
                   points=points,
                   sample=SimplexSampler(alpha, n, opts.edge_fraction, lam, opts.edge_focus),
                   vertices=vertices)
     result.transforms = [init[0], *latents.transforms()]
     result.distance = {f"model {i + 1}": distance(t0, t) for i, (t0, t) in
                        enumerate(zip(init, result.transforms, strict=True)) if i}
+    if first is not None:  # (how far the frame itself moved from the first model's coordinates)
+        result.distance["frame"] = distance(home, first.transform())
     return result
 
 
@@ -692,7 +726,7 @@ def _comparable(opts: LearnedMatchingOptions) -> dict:
     """Options that must match for a resumed run to continue the same run."""
     d = asdict(replace(opts))
     for k in ("checkpoint", "checkpoint_every", "resume", "dirichlet_alpha", "edge_fraction",
-              "edge_focus"):
+              "edge_focus", "free_frame"):
         d.pop(k)  # (N models' runs keep these in their setup; a pair never reads them)
     d["eval_lambdas"] = list(d["eval_lambdas"])
     return d

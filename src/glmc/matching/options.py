@@ -130,6 +130,10 @@ class LearnedMatchingOptions:
     #: edges brought the worst pair from 1.22 to 1.12 times its barrier aligned alone; at
     #: 3,000 steps it changed nothing (1.22, 1.28), so the default stays 0
     edge_focus: float = 0.0
+    #: N models: the first model's map trains too (the frame is no model's coordinates while it
+    #: trains; the result is expressed in the first's). Anchored on the first, a pair between
+    #: two later models has both its maps training and a pair with the first only one.
+    free_frame: bool = False
     eval_every: int = 100
     eval_lambdas: tuple[float, ...] = (0.5,)
     eval_batches: int = 4
