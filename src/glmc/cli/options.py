@@ -116,6 +116,11 @@ def add_learned_options(p: argparse.ArgumentParser, many: bool = False) -> None:
                        "highest barrier at the last validation more often, with odds "
                        "exp(FOCUS·(barrier − worst)), barriers in nats (0: every pair alike; "
                        "default: %(default)s)")
+        g.add_argument("--free-frame", action=argparse.BooleanOptionalAction,
+                       default=d.free_frame,
+                       help="three models or more: the first model's map trains too, so that "
+                       "every pair has both its maps moving (the result is still in the first "
+                       "model's coordinates; default: %(default)s)")
     g.add_argument("--eval-every", type=int, default=d.eval_every,
                    help="validate every this many steps: at the fixed λ = 0.5"
                    + ("; N models at the centroid and every pair's midpoint" if many else ""))
@@ -147,6 +152,7 @@ def learned_options(args: argparse.Namespace, out: str | Path | None) -> Learned
         dirichlet_alpha=getattr(args, "dirichlet_alpha", d.dirichlet_alpha),
         edge_fraction=getattr(args, "edge_fraction", d.edge_fraction),
         edge_focus=getattr(args, "edge_focus", d.edge_focus),
+        free_frame=getattr(args, "free_frame", d.free_frame),
         eval_every=args.eval_every, patience=args.patience, seed=args.seed,
         residual=getattr(args, "residual", "orthogonal"), checkpoint=ckpt,
         checkpoint_every=args.checkpoint_every, resume=args.resume)
