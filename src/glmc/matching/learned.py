@@ -557,9 +557,10 @@ def learned_many(
                         f"got {n} models and {len(init)} transforms")
     alpha = opts.dirichlet_alpha
     fix = [fix_ones] * (n - 1) if isinstance(fix_ones, bool) else list(fix_ones)
+    narrower = any(bool(m.free) for m in models[1:])
     first = None
     if opts.free_frame:
-        if any(m.free for m in models[1:]):
+        if narrower:
             raise GlmcError("a free frame needs models of one width (a narrower model's free "
                             "entries take the first model's values, in its coordinates)")
         # (the first keeps the all-ones direction where every pair does: so does the frame)
@@ -573,7 +574,7 @@ def learned_many(
                      first=first)
     points = simplex_points(n)
     vertices = tuple(tuple(float(k == i) for k in range(n)) for i in range(n))
-    lam = opts.lam_for(narrower=any(bool(m.free) for m in models[1:]))
+    lam = opts.lam_for(narrower=narrower)
     result = _fit(models[0], path, latents,
                   LearnedManyResult(transform=init[0], points=[list(p) for p in points],
                                     alpha=alpha, lam=lam),
