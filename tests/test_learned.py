@@ -408,6 +408,29 @@ def test_refinement_of_a_planted_set_reaches_zero_barrier_from_a_perturbed_start
             assert (ref - m.transformed(t).module(torch.float32)(x)).abs().max() < 1e-4
 
 
+def test_a_free_frame_with_a_narrower_model_is_refused(planted, data):
+    """A narrower model's free entries take the first model's values in the first model's
+    coordinates, so a frame that moves those coordinates is refused, with one clear error,
+    before any step; anchored, the same set runs."""
+    from glmc.errors import GlmcError
+    from glmc.families.transformer.widen import embed_into
+    from glmc.matching.learned import learned_many
+
+    a, b, wm = planted
+    cfg = GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=data.vocab_size, n_positions=16,
+                     bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)
+    imp = IMPORTERS["gpt2"]
+    torch.manual_seed(3)
+    narrow = imp.to_canonical(cfg, imp.stock_model(cfg).state_dict())
+    c = embed_into(narrow, a.config)
+    start = [Transform.identity(a.spec), wm, weight_matching(a, c).transform]
+    opts = dict(steps=2, eval_every=1, patience=0)
+    with pytest.raises(GlmcError, match="free frame needs models of one width"):
+        learned_many([a, b, c], data, start, LearnedMatchingOptions(free_frame=True, **opts))
+    result = learned_many([a, b, c], data, start, LearnedMatchingOptions(**opts))
+    assert "frame" not in result.distance and len(result.transforms) == 3
+
+
 def test_dirichlet_draws_are_seeded_and_spread_over_the_simplex():
     from glmc.matching.learned import SimplexSampler
 
