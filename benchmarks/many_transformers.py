@@ -33,6 +33,7 @@ import argparse
 import dataclasses
 import sys
 import time
+import typing
 from pathlib import Path
 
 from _common import HERE, RESULTS, machine, provenance, write_json
@@ -168,11 +169,17 @@ def _pm(x: float | None, se: float | None) -> str:
 def learned_options(items: list[str], flag: str) -> dict:
     """Learned matching's options from NAME=VALUE ``items`` (read before any model loads)."""
     defaults, out = LearnedMatchingOptions(), {}
+    declared = typing.get_type_hints(LearnedMatchingOptions)
     for w in items:
         k, _, v = w.partition("=")
         if not hasattr(defaults, k):
             raise SystemExit(f"{flag} {w}: learned matching has no option {k!r}")
         kind = type(getattr(defaults, k))
+        if getattr(defaults, k) is None:  # (an option whose default is None: its declared type)
+            if v.lower() == "none":
+                out[k] = None
+                continue
+            kind = next(t for t in typing.get_args(declared[k]) if t is not type(None))
         if kind is bool and v.lower() not in ("true", "false"):
             raise SystemExit(f"{flag} {w}: {k} is true or false")
         out[k] = v.lower() == "true" if kind is bool else kind(v)

@@ -130,7 +130,7 @@ def test_resume_refuses_other_options(planted, data, tmp_path):
     a, b, wm = planted
     ckpt = tmp_path / "latents.pt"
     learned_matching(a, b, data, wm, LearnedMatchingOptions(steps=4, checkpoint=str(ckpt)))
-    with pytest.raises(GlmcError, match="other options"):
+    with pytest.raises(GlmcError, match=r"other options \(lr: 0\.01 there, 0\.5 here\)"):
         learned_matching(a, b, data, wm, LearnedMatchingOptions(
             steps=4, lr=0.5, checkpoint=str(ckpt), resume=True))
 
@@ -276,6 +276,7 @@ def test_cli_learned_needs_data(planted, tmp_path, capsys):
 @pytest.mark.parametrize("bad", [
     {"steps": 0}, {"batch_size": 0}, {"lr": -1.0}, {"eval_every": 0}, {"patience": -1},
     {"lam": "uniform:2,3"}, {"lam": "gaussian:0.5,-1"}, {"residual": "rotation"},
+    {"free_frame": "yes"},
 ])
 def test_bad_options_are_one_clear_error(bad):
     from glmc.errors import GlmcError
@@ -411,7 +412,7 @@ def test_refinement_of_a_planted_set_reaches_zero_barrier_from_a_perturbed_start
 def test_a_free_frame_with_a_narrower_model_is_refused(planted, data):
     """A narrower model's free entries take the first model's values in the first model's
     coordinates, so a frame that moves those coordinates is refused, with one clear error,
-    before any step; anchored, the same set runs."""
+    before any step; by default the same set runs anchored, and a set of one width free."""
     from glmc.errors import GlmcError
     from glmc.families.transformer.widen import embed_into
     from glmc.matching.learned import learned_many
@@ -428,7 +429,10 @@ def test_a_free_frame_with_a_narrower_model_is_refused(planted, data):
     with pytest.raises(GlmcError, match="free frame needs models of one width"):
         learned_many([a, b, c], data, start, LearnedMatchingOptions(free_frame=True, **opts))
     result = learned_many([a, b, c], data, start, LearnedMatchingOptions(**opts))
-    assert "frame" not in result.distance and len(result.transforms) == 3
+    assert "frame" not in result.distance and not result.to_json()["free_frame"]
+    assert len(result.transforms) == 3
+    result = learned_many([a, b, b], data, [start[0], wm, wm], LearnedMatchingOptions(**opts))
+    assert "frame" in result.distance and result.to_json()["free_frame"]
 
 
 def test_dirichlet_draws_are_seeded_and_spread_over_the_simplex():
@@ -523,7 +527,8 @@ def test_refinement_of_three_models_resumes_to_the_same_latents(planted, data, t
             assert torch.equal(e.matrix(torch.float64), t1.elements[s].matrix(torch.float64)), s
     assert straight.best_val == resumed.best_val
     assert [r["lambda"] for r in straight.log] == [r["lambda"] for r in resumed.log]
-    with pytest.raises(GlmcError, match="other options"):
+    with pytest.raises(GlmcError, match=f"free_frame: {free_frame} there, {not free_frame} "
+                       "here"):
         learned_many([a, b, c], data, start, LearnedMatchingOptions(
             **(base | {"free_frame": not free_frame}), resume=True))
     learned_matching(a, b, data, wm, LearnedMatchingOptions(steps=4, checkpoint=str(ckpt)))

@@ -263,12 +263,14 @@ def test_bad_many_model_merges_are_one_line_errors(bert_set, tmp_path, capsys, e
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("free", [False, True])
+@pytest.mark.parametrize(("flag", "free"), [([], True), (["--no-free-frame"], False),
+                                            (["--free-frame"], True)])
 def test_learned_refinement_of_three_models_is_in_the_merge_and_its_report(bert_set,
                                                                          tmp_path, capsys,
-                                                                         free):
-    """``--free-frame``: the first model's map trains too, and the report says how far the
-    frame moved beside each model's distance."""
+                                                                         flag, free):
+    """``--free-frame`` (the default, the models being of one width): the first model's map
+    trains too, and the report says so and how far the frame moved beside each model's
+    distance; ``--no-free-frame`` anchors the frame on the first model."""
     import json
 
     from glmc.cli.main import main
@@ -276,12 +278,12 @@ def test_learned_refinement_of_three_models_is_in_the_merge_and_its_report(bert_
     out = tmp_path / "merged"
     assert main(["merge", *bert_set, "-o", str(out), "--align", "learned", "--data",
                  "shakespeare", "--steps", "8", "--eval-every", "4", "--dirichlet-alpha", "0.5",
-                 *(["--free-frame"] if free else []), "--json"]) == 0
+                 *flag, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["frame"]["method"] == "mergemany+learned"
     learned = report["learned"]
     assert learned["steps"] == 8 and learned["alpha"] == 0.5 and len(learned["eval_points"]) == 4
-    assert learned["best_val"] <= learned["start_val"]
+    assert learned["best_val"] <= learned["start_val"] and learned["free_frame"] is free
     assert set(learned["distance_from_init"]) == {"model 2", "model 3", *(["frame"] if free
                                                                           else [])}
     assert not (tmp_path / ".merged.learned.pt").exists()  # (a finished run's checkpoint)

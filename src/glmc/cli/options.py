@@ -120,7 +120,8 @@ def add_learned_options(p: argparse.ArgumentParser, many: bool = False) -> None:
                        default=d.free_frame,
                        help="three models or more: the first model's map trains too, so that "
                        "every pair has both its maps moving (the result is still in the first "
-                       "model's coordinates; default: %(default)s)")
+                       "model's coordinates; default: free when every model has the first's "
+                       "width, anchored on the first otherwise)")
     g.add_argument("--eval-every", type=int, default=d.eval_every,
                    help="validate every this many steps: at the fixed λ = 0.5"
                    + ("; N models at the centroid and every pair's midpoint" if many else ""))

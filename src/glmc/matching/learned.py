@@ -421,9 +421,13 @@ def _read_checkpoint(ckpt: Path | None, opts: LearnedMatchingOptions, setup: dic
     if st is not None:
         if "error" in st:
             raise GlmcError(st["error"])
-        if st.get("options") != _comparable(opts) | setup:
-            raise GlmcError(f"{ckpt}: checkpoint was written with other options; start "
-                            "without --resume or use the same options")
+        there, here = st.get("options") or {}, _comparable(opts) | setup
+        if there != here:
+            diff = "; ".join(f"{k}: {there.get(k)!r} there, {here.get(k)!r} here"
+                             for k in sorted(set(there) | set(here))
+                             if there.get(k) != here.get(k))
+            raise GlmcError(f"{ckpt}: checkpoint was written with other options ({diff}); "
+                            "start without --resume or use the same options")
         if "latents" not in st:
             raise GlmcError(f"{ckpt}: not a learned-matching checkpoint; start without "
                             "--resume")
@@ -470,9 +474,11 @@ class LearnedManyResult(LearnedResult):
     transforms: list[Transform] = field(default_factory=list)
     points: list[list[float]] = field(default_factory=list)  # where it was validated
     alpha: float = math.nan
+    free_frame: bool = False  # (whether the first model's map trained too)
 
     def to_json(self) -> dict:
-        return super().to_json() | {"alpha": self.alpha, "eval_points": self.points}
+        return super().to_json() | {"alpha": self.alpha, "eval_points": self.points,
+                                    "free_frame": self.free_frame}
 
 
 def simplex_points(n: int) -> tuple[tuple[float, ...], ...]:
@@ -558,11 +564,12 @@ def learned_many(
     alpha = opts.dirichlet_alpha
     fix = [fix_ones] * (n - 1) if isinstance(fix_ones, bool) else list(fix_ones)
     narrower = any(bool(m.free) for m in models[1:])
+    if opts.free_frame and narrower:
+        raise GlmcError("a free frame needs models of one width (a narrower model's free "
+                        "entries take the first model's values, in its coordinates)")
+    free = not narrower if opts.free_frame is None else opts.free_frame
     first = None
-    if opts.free_frame:
-        if narrower:
-            raise GlmcError("a free frame needs models of one width (a narrower model's free "
-                            "entries take the first model's values, in its coordinates)")
+    if free:
         # (the first keeps the all-ones direction where every pair does: so does the frame)
         groups = effective_groups(models[0].spec, "orthogonal" if opts.residual == "none"
                                   else opts.residual, inner, all(fix))
@@ -577,11 +584,11 @@ def learned_many(
     lam = opts.lam_for(narrower=narrower)
     result = _fit(models[0], path, latents,
                   LearnedManyResult(transform=init[0], points=[list(p) for p in points],
-                                    alpha=alpha, lam=lam),
+                                    alpha=alpha, lam=lam, free_frame=free),
                   data, opts, {"inner": inner, "fix_ones": fix, "models": n,
                                "alpha": alpha, "edge_fraction": opts.edge_fraction,
                                "edge_focus": opts.edge_focus,
-                               "free_frame": opts.free_frame}, progress,
+                               "free_frame": free}, progress,
                   points=points,
                   sample=SimplexSampler(alpha, n, opts.edge_fraction, lam, opts.edge_focus),
                   vertices=vertices)
