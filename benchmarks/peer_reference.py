@@ -33,7 +33,6 @@ from pathlib import Path
 
 import torch
 from _common import HERE, RESULTS, machine, provenance, read_json, write_json
-from quality import folders, suite
 from safetensors.torch import save_file
 
 PEER_METHODS = ("orthogonal", "orthogonal-exact", "perm", "perm-exact")
@@ -66,6 +65,20 @@ def peer_losses(peer_src: Path, peer_python: Path, a: Path, b: Path, x: torch.Te
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def gpt2_pairs(suite: str, cache: Path) -> list[tuple[str, str, Path, Path, str]]:
+    """The GPT-2 pairs of a suite (``quality``: glmc-trained, ``heldout``: trained by other
+    code): (key, title, folder A, folder B, data)."""
+    if suite == "heldout":
+        import heldout
+
+        return [(q.key, q.title, *heldout.folders(q, cache), heldout.data_path(q, cache))
+                for q in heldout.suite() if q.family == "gpt2"]
+    import quality
+
+    return [(q.key, q.title, *quality.folders(cache, q), q.train.data)
+            for q in quality.suite() if q.train.arch == "gpt2"]
+
+
 def main(argv: list[str] | None = None) -> int:
     from glmc.barrier import barrier, run_barrier
 
@@ -73,29 +86,33 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--peer-src", type=Path, required=True)
     p.add_argument("--peer-python", type=Path, required=True)
-    p.add_argument("--pairs", nargs="*", default=None, help="GPT-2 pairs of the quality suite")
+    p.add_argument("--suite", choices=("quality", "heldout"), default="quality",
+                   help="the pairs: glmc-trained (quality.py) or trained by other code "
+                   "(heldout.py; its results go to results/peer_heldout.json by default)")
+    p.add_argument("--pairs", nargs="*", default=None, help="GPT-2 pairs of the suite")
     p.add_argument("--cache", default="glmc-cache")
     p.add_argument("--methods", nargs="*", default=list(PEER_METHODS))
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=RESULTS / "peer_reference.json")
+    p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    out = args.out or RESULTS / ("peer_heldout.json" if args.suite == "heldout"
+                                 else "peer_reference.json")
     torch.set_num_threads(args.threads)
-    chosen = [q for q in suite() if q.train.arch == "gpt2"
-              and (args.pairs is None or q.key in args.pairs)]
-    results = read_json(args.out) or {"pairs": {}}
-    for pair in chosen:
-        a, b = folders(Path(args.cache), pair)
-        if not (a / "glmc_train.json").is_file() or not (b / "glmc_train.json").is_file():
-            print(f"{pair.key}: not trained yet (python benchmarks/quality.py --train-only)")
+    chosen = [q for q in gpt2_pairs(args.suite, Path(args.cache))
+              if args.pairs is None or q[0] in args.pairs]
+    results = read_json(out) or {"pairs": {}}
+    for key, title, a, b, data in chosen:
+        if not (a / "config.json").is_file() or not (b / "config.json").is_file():
+            print(f"{key}: not trained yet (python benchmarks/{args.suite}.py --train-only)")
             continue
-        x, y, lambdas = test_windows(a, b, pair.train.data)
+        x, y, lambdas = test_windows(a, b, data)
         t0 = time.perf_counter()
         peer = peer_losses(args.peer_src, args.peer_python, a, b, x, y, lambdas, args.methods,
                            args.threads)
         peer_seconds = time.perf_counter() - t0
-        ours = run_barrier(str(a), str(b), pair.train.data, methods=GLMC_METHODS)
-        run = provenance(peer_versions=peer["versions"])
-        row: dict = {"title": pair.title, "tokens": int(y.numel()), "peer": {}, "glmc": {},
+        ours = run_barrier(str(a), str(b), data, methods=GLMC_METHODS)
+        run = provenance(peer_versions=peer["versions"], command=" ".join(sys.argv))
+        row: dict = {"title": title, "tokens": int(y.numel()), "peer": {}, "glmc": {},
                      "peer_versions": peer["versions"], "peer_seconds": round(peer_seconds, 1),
                      "run": run}
         for name, r in peer["methods"].items():
@@ -109,13 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         ref = row["glmc"]["none"]["losses"]
         row["endpoints_agree"] = all(abs(l0 - ref[0]) < 5e-4 and abs(l1 - ref[-1]) < 5e-4
                                      for l0, l1 in ends)
-        results["pairs"][pair.key] = row  # (one run's rows: never mixed with an earlier's)
-        print(f"{pair.key}: " + ", ".join(
+        results["pairs"][key] = row  # (one run's rows: never mixed with an earlier's)
+        print(f"{key}: " + ", ".join(
             f"peer {k} {v['loss_barrier']:.3f}" for k, v in row["peer"].items()) + "; " +
             ", ".join(f"glmc {k} {v['loss_barrier']:.3f}" for k, v in row["glmc"].items()) +
             f"; endpoints agree: {row['endpoints_agree']}", flush=True)
         results["machine"] = machine()
-        write_json(args.out, results)
+        write_json(out, results)
     return 0
 
 

@@ -86,7 +86,7 @@ def test_planted_pair_reaches_zero_barrier_from_a_perturbed_start(planted, data)
     a, b, wm = planted
     start = perturbed(wm)
     before = midpoint_barrier(a, b, start, data)
-    opts = LearnedMatchingOptions(steps=300, eval_every=50, lr=3e-2, patience=0,
+    opts = LearnedMatchingOptions(steps=300, eval_every=50, lr=3e-2, patience=0, schedule="cosine",
                                   perm_lr_scale=1.0)
     result = learned_matching(a, b, data, start, opts)
     after = midpoint_barrier(a, b, result.transform, data)
@@ -122,6 +122,68 @@ def test_resume_gives_the_same_latents(planted, data, tmp_path):
         assert torch.equal(e.matrix(torch.float64), resumed.transform.elements[s].matrix(
             torch.float64)), s
     assert straight.best_val == resumed.best_val
+
+
+def test_a_plateau_cuts_the_rate_then_stops_the_run(planted, data):
+    """With a rate too small to move anything no validation is a new best: each one is a
+    plateau of patience 1, which cuts the rate twice (by 0.3) and then stops the run, at the
+    third validation, long before the step cap; the result is the start."""
+    a, b, wm = planted
+    opts = LearnedMatchingOptions(steps=200, eval_every=2, lr=1e-12, schedule="plateau",
+                                  patience=1, cut=0.3, cuts=2)
+    result = learned_matching(a, b, data, wm, opts)
+    assert result.stop_reason == "plateau"
+    assert result.steps == 6 and result.best_step == 0
+    scales = [row["lr_scale"] for row in result.log if "val" in row]
+    assert scales == pytest.approx([0.3, 0.09, 0.09])
+    assert result.to_json()["stop_reason"] == "plateau"
+    for s, e in wm.elements.items():
+        assert torch.equal(e.matrix(torch.float64), result.transform.elements[s].matrix(
+            torch.float64)), s
+
+
+def test_without_patience_the_run_goes_to_the_step_cap(planted, data):
+    a, b, wm = planted
+    result = learned_matching(a, b, data, wm, LearnedMatchingOptions(steps=5, eval_every=2,
+                                                                     lr=1e-12, patience=0))
+    assert (result.stop_reason, result.steps) == ("max_steps", 5)
+
+
+def test_a_spent_time_budget_stops_before_the_next_step(planted, data):
+    a, b, wm = planted
+    result = learned_matching(a, b, data, wm, LearnedMatchingOptions(steps=50,
+                                                                     time_budget=1e-9))
+    assert (result.stop_reason, result.steps, result.best_step) == ("time_budget", 0, 0)
+
+
+def test_of_several_starts_the_lowest_validated_one_is_refined(planted, data):
+    """Candidate starts are validated at the eval λs on the run's validation batches, and
+    the lowest is where the latents start: here the planted solution beats a perturbed one,
+    whichever comes first."""
+    a, b, wm = planted
+    for starts in ({"off": perturbed(wm), "planted": wm}, {"planted": wm, "off": perturbed(wm)}):
+        result = learned_matching(a, b, data, starts, LearnedMatchingOptions(
+            steps=1, lr=1e-12, eval_every=1))
+        assert set(result.starts) == {"off", "planted"}
+        assert result.starts["planted"] < result.starts["off"]
+        assert result.start_val == pytest.approx(result.starts["planted"], abs=1e-6)
+    one = learned_matching(a, b, data, {"planted": wm}, LearnedMatchingOptions(steps=1))
+    assert one.starts == {}  # (nothing to choose between)
+
+
+@pytest.mark.parametrize("start", ["activation", "best"])
+def test_learned_method_starts_from_activation_matching_when_asked(planted, data, start):
+    import glmc
+
+    a, b, _ = planted
+    al = glmc.align(a, b, method="learned", data=data, start=start, steps=2, eval_every=1)
+    assert (al.match is None) == (start == "activation")  # (weight matching only if needed)
+    assert set(al.learned.starts) == ({"weight", "activation"} if start == "best" else set())
+    x = torch.randint(0, data.vocab_size, (2, 16))
+    with torch.no_grad():
+        ref = b.module(torch.float32)(x)
+        got = b.transformed(al.transform).module(torch.float32)(x)
+    assert (ref - got).abs().max() < 1e-4
 
 
 def test_resume_refuses_other_options(planted, data, tmp_path):
@@ -248,15 +310,19 @@ def test_cli_align_learned_writes_a_symmetric_copy_and_its_report(planted, tmp_p
         write_model(tmp_path / name, m)
     out = tmp_path / "out"
     args = ["align", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(out), "--align",
-            "learned", "--data", str(text), "--tokenizer", "char", "--steps", "6",
-            "--eval-every", "3", "--train-batch-size", "8", "--json"]
+            "learned", "--data", str(text), "--tokenizer", "char", "--max-steps", "6",
+            "--eval-every", "3", "--train-batch-size", "8", "--patience", "0", "--json"]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["certificate"]["equal"]
     assert report["learned"]["steps"] == 6
+    assert report["learned"]["stop_reason"] == "max_steps"
     assert "res" in report["learned"]["distance_from_init"]
     assert not (tmp_path / ".out.learned.pt").exists()
     assert main(["verify", str(tmp_path / "b"), str(out)]) == 0
+    # The summary says why the steps ended.
+    assert main([*args[:-1], "--force", "--time-budget", "1e-9"]) == 0
+    assert "learned matching: 0 steps (reached --time-budget)" in capsys.readouterr().out
 
 
 def test_cli_learned_needs_data(planted, tmp_path, capsys):
@@ -276,7 +342,8 @@ def test_cli_learned_needs_data(planted, tmp_path, capsys):
 @pytest.mark.parametrize("bad", [
     {"steps": 0}, {"batch_size": 0}, {"lr": -1.0}, {"eval_every": 0}, {"patience": -1},
     {"lam": "uniform:2,3"}, {"lam": "gaussian:0.5,-1"}, {"residual": "rotation"},
-    {"free_frame": "yes"},
+    {"free_frame": "yes"}, {"schedule": "linear"}, {"cut": 1.0}, {"cut": 0.0}, {"cuts": -1},
+    {"time_budget": 0.0}, {"start": "data"},
 ])
 def test_bad_options_are_one_clear_error(bad):
     from glmc.errors import GlmcError
@@ -383,7 +450,7 @@ def test_refinement_of_a_planted_set_reaches_zero_barrier_from_a_perturbed_start
     c = a.transformed(Transform.random(a.spec, torch.Generator().manual_seed(7), torch.float32,
                                        subgroups={"residual": "fix_ones"}))
     start = [Transform.identity(a.spec), wm, perturbed(weight_matching(a, c).transform)]
-    opts = LearnedMatchingOptions(steps=300, eval_every=50, lr=3e-2, patience=0,
+    opts = LearnedMatchingOptions(steps=300, eval_every=50, lr=3e-2, patience=0, schedule="cosine",
                                   perm_lr_scale=1.0, dirichlet_alpha=1.0,
                                   free_frame=free_frame)
     result = learned_many([a, b, c], data, start, opts)

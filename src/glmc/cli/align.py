@@ -19,6 +19,7 @@ from glmc.cli.common import (
 )
 from glmc.cli.main import add_command
 from glmc.cli.options import (
+    STOPS,
     add_alignment_options,
     add_learned_options,
     add_tokenizer,
@@ -213,8 +214,9 @@ def summary(args: argparse.Namespace, al: Alignment) -> list[str]:
              f"aligned {args.b} to {args.a}"]
     if al.learned:
         lr = al.learned
-        lines.append(f"learned matching: {lr.steps} steps, best midpoint barrier estimate "
-                     f"{lr.best_val - lr.baseline_val:.4f} (step {lr.best_step})")
+        lines.append(f"learned matching: {lr.steps} steps ({STOPS[lr.stop_reason]}), best "
+                     f"midpoint barrier estimate {lr.best_val - lr.baseline_val:.4f} (step "
+                     f"{lr.best_step})")
     return lines
 
 

@@ -22,6 +22,7 @@ from glmc.cli.common import (
 )
 from glmc.cli.main import add_command
 from glmc.cli.options import (
+    STOPS,
     add_alignment_options,
     add_correction,
     add_learned_options,
@@ -152,7 +153,8 @@ def _run_many(args: argparse.Namespace) -> int:
               f"{cycle['mean']:.3g} (mean), {cycle['max']:.3g} (max)")
     learned = out.settings.get("learned")
     if learned:
-        print(f"learned refinement: {learned['steps']} steps, validation barrier estimate "
+        print(f"learned refinement: {learned['steps']} steps "
+              f"({STOPS[learned['stop_reason']]}), validation barrier estimate "
               f"{learned['start_barrier_estimate']:.4f} -> {learned['barrier_estimate']:.4f} "
               f"(best step {learned['best_step']})")
     print_notes(report)

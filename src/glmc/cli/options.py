@@ -10,6 +10,8 @@ from glmc.errors import GlmcError
 from glmc.matching.options import (
     NARROWER_LAMBDA,
     PAIR_LAMBDA,
+    SCHEDULES,
+    STARTS,
     WEIGHTINGS,
     LearnedMatchingOptions,
     WeightMatchingOptions,
@@ -17,6 +19,9 @@ from glmc.matching.options import (
 )
 
 WM_DEFAULTS = WeightMatchingOptions()
+#: Why learned matching stopped, as the commands print it.
+STOPS = {"plateau": "stopped on a validation plateau", "max_steps": "reached --max-steps",
+         "time_budget": "reached --time-budget"}
 
 
 def add_alignment_options(p: argparse.ArgumentParser, residual: bool = True) -> None:
@@ -90,7 +95,17 @@ def add_learned_options(p: argparse.ArgumentParser, many: bool = False) -> None:
     """Learned matching's options (``many``: also those of N models' refinement)."""
     d = LearnedMatchingOptions()
     g = p.add_argument_group("learned matching (method learned)")
-    g.add_argument("--steps", type=int, default=d.steps, help="optimisation steps (max)")
+    g.add_argument("--max-steps", "--steps", dest="steps", type=int, default=d.steps,
+                   help="the most optimisation steps (default: %(default)s; the run stops "
+                   "earlier on a validation plateau, see --patience)")
+    g.add_argument("--time-budget", type=float, default=d.time_budget, metavar="SECONDS",
+                   help="stop once the steps have taken this long (default: no limit); the "
+                   "result is the best point validated by then")
+    g.add_argument("--start", choices=STARTS, default=d.start,
+                   help="where a pair's maps start: weight matching's solution (weight), "
+                   "activation matching's on the training data (activation), or the one of "
+                   "the two with the lower validation loss (best; default: %(default)s)"
+                   + ("; N models start from their frame" if many else ""))
     g.add_argument("--lr", type=float, default=d.lr, help="AdamW peak learning rate")
     g.add_argument("--perm-lr-scale", type=float, default=d.perm_lr_scale,
                    help="learning rate of the permutation latents as a fraction of --lr "
@@ -126,7 +141,14 @@ def add_learned_options(p: argparse.ArgumentParser, many: bool = False) -> None:
                    help="validate every this many steps: at the fixed λ = 0.5"
                    + ("; N models at the centroid and every pair's midpoint" if many else ""))
     g.add_argument("--patience", type=int, default=d.patience,
-                   help="stop after this many validations without improvement (0: never)")
+                   help="validations without a new best that make a plateau: the learning "
+                   f"rate is cut by {d.cut:g} at each of the first {d.cuts}, and the next one "
+                   "stops the run (default: %(default)s; with --schedule cosine, the first "
+                   "stops it, and 0 never does)")
+    g.add_argument("--schedule", choices=SCHEDULES, default=d.schedule,
+                   help="learning rate after the warm-up: constant and cut at each plateau "
+                   "(plateau), or a cosine decay to 0 at --max-steps (cosine; default: "
+                   "%(default)s)")
     g.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help="write the latents beside OUT every this many steps (atomically); 0: "
                    "only when the run ends, so a run killed before then leaves nothing to "
@@ -154,7 +176,8 @@ def learned_options(args: argparse.Namespace, out: str | Path | None) -> Learned
         edge_fraction=getattr(args, "edge_fraction", d.edge_fraction),
         edge_focus=getattr(args, "edge_focus", d.edge_focus),
         free_frame=getattr(args, "free_frame", d.free_frame),
-        eval_every=args.eval_every, patience=args.patience, seed=args.seed,
+        eval_every=args.eval_every, patience=args.patience, schedule=args.schedule,
+        time_budget=args.time_budget, start=args.start, seed=args.seed,
         residual=getattr(args, "residual", "orthogonal"), checkpoint=ckpt,
         checkpoint_every=args.checkpoint_every, resume=args.resume)
 

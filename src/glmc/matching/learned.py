@@ -4,7 +4,9 @@ Both models are frozen; only one latent per space trains (see ``parametrize``): 
 map, every permutation (straight-through) and the heads' inner maps. Each step samples λ,
 builds θ(λ) = λ·θ_A + (1 − λ)·π(θ_B) functionally (torch.func.functional_call on one module,
 no surgery) and minimises the task loss on training data. AdamW with linear warm-up and
-cosine decay, gradient clipping, early stopping on the validation loss at fixed λs.
+a learning rate cut at each validation plateau (or cosine decay), gradient clipping; the run
+stops on a plateau of the validation loss at fixed λs, or at a cap on steps or time, and
+says which (``LearnedResult.stop_reason``).
 
 The start (weight matching's solution) is evaluated first and is the best so far, so the
 result is never worse than it on validation; what is returned is exactly what was evaluated
@@ -62,6 +64,12 @@ class LearnedResult:
     baseline_val: float = math.nan
     #: The λ distribution the steps drew from (a pair's; N models': on their edges).
     lam: str = ""
+    #: Each candidate start's validation loss at the eval points, by name, when there
+    #: were several (the lowest is where the latents started)
+    starts: dict[str, float] = field(default_factory=dict)
+    #: Why the steps ended: "plateau" (no new best validation in the last ``patience``
+    #: validations, the learning rate cut as often as allowed), "max_steps" or "time_budget"
+    stop_reason: str = ""
 
     def to_json(self) -> dict:
         return {"start_val": self.start_val, "best_val": self.best_val,
@@ -69,6 +77,7 @@ class LearnedResult:
                 "barrier_estimate": self.best_val - self.baseline_val,
                 "start_barrier_estimate": self.start_val - self.baseline_val,
                 "seconds": round(self.seconds, 3), "lam": self.lam,
+                "stop_reason": self.stop_reason, "starts": self.starts,
                 "distance_from_init": self.distance,
                 "log": self.log}
 
@@ -315,10 +324,14 @@ def _lambda_sampler(spec: str) -> Callable[[torch.Generator], float]:
                                                                     dtype=torch.float64))))
 
 
-def _schedule(opts: LearnedMatchingOptions) -> Callable[[int], float]:
-    """Linear warm-up, then cosine decay towards 0 over the remaining steps (the training
-    loop's schedule)."""
-    return lambda step: lr_factor(step, opts.warmup, opts.steps)
+def _schedule(opts: LearnedMatchingOptions, scale: Callable[[], float]
+              ) -> Callable[[int], float]:
+    """The learning rate's factor at each step: a linear warm-up, then ``scale()`` (the
+    plateau schedule: 1, cut at each plateau) or a cosine decay towards 0 at ``opts.steps``
+    (the training loop's schedule)."""
+    if opts.schedule == "cosine":
+        return lambda step: lr_factor(step, opts.warmup, opts.steps)
+    return lambda step: min(1.0, (step + 1) / max(1, opts.warmup)) * scale()
 
 
 @dataclass
@@ -327,13 +340,16 @@ class _Run:
 
     latents: Latents | LatentSet
     optim: torch.optim.Optimizer
-    sched: torch.optim.lr_scheduler.LambdaLR
+    sched: torch.optim.lr_scheduler.LambdaLR | None
     data_gen: torch.Generator
     lam_gen: torch.Generator
     best: dict
     result: LearnedResult
     step: int = 0
     bad: int = 0
+    #: The plateau schedule's learning-rate factor, and how many plateaus have cut it.
+    scale: float = 1.0
+    cuts: int = 0
     #: What else defines the run (inner maps, fixed all-ones direction): a resume must match.
     setup: dict = field(default_factory=dict)
     #: Where the path is validated, the draw of each step's point (a pair's λ or N models'
@@ -354,10 +370,11 @@ class _Run:
         optim = _optimiser(latents, opts)
         where.setdefault("points", opts.eval_lambdas)
         where.setdefault("vertices", (1.0, 0.0))
-        return cls(latents, optim, torch.optim.lr_scheduler.LambdaLR(optim, _schedule(opts)),
-                   torch.Generator().manual_seed(opts.seed),
-                   torch.Generator().manual_seed(opts.seed + 1), latents.snapshot(),
-                   result, setup=setup, **where)
+        run = cls(latents, optim, None, torch.Generator().manual_seed(opts.seed),
+                  torch.Generator().manual_seed(opts.seed + 1), latents.snapshot(),
+                  result, setup=setup, **where)
+        run.sched = torch.optim.lr_scheduler.LambdaLR(optim, _schedule(opts, lambda: run.scale))
+        return run
 
     def save(self, path: Path, opts: LearnedMatchingOptions) -> None:
         from glmc.io.atomic import atomic_path
@@ -367,6 +384,7 @@ class _Run:
                    "lam_gen": self.lam_gen.get_state(), "best": self.best, "step": self.step,
                    "start_val": self.result.start_val, "best_val": self.result.best_val,
                    "best_step": self.result.best_step, "bad": self.bad,
+                   "scale": self.scale, "cuts": self.cuts,
                    "log": self.result.log, "options": _comparable(opts) | self.setup,
                    "odds": getattr(self.sample, "odds", None)}
         with atomic_path(path) as tmp:
@@ -383,6 +401,7 @@ class _Run:
         self.data_gen.set_state(st["data_gen"])
         self.lam_gen.set_state(st["lam_gen"])
         self.best, self.step, self.bad = st["best"], st["step"], st["bad"]
+        self.scale, self.cuts = st["scale"], st["cuts"]
         r = self.result
         r.start_val, r.best_val, r.best_step = st["start_val"], st["best_val"], st["best_step"]
         r.log = st["log"]
@@ -438,7 +457,7 @@ def learned_matching(
     a: CanonicalModel,
     b: CanonicalModel,
     data,
-    init: Transform,
+    init: Transform | dict[str, Transform],
     opts: LearnedMatchingOptions | None = None,
     fix_ones: bool = True,
     progress=None,
@@ -446,6 +465,8 @@ def learned_matching(
 ) -> LearnedResult:
     """Refine ``init`` (π with π(B) ≈ A, e.g. from weight matching) against the task loss.
 
+    init: the start, or candidate starts by name: the one with the lowest validation loss
+    at the eval points is refined (the first of equals).
     data: a glmc.data TextDataset or ImageDataset that fits the models.
     inner: the heads' inner maps: "invertible" (trained), "orthogonal" (trained), or
     "permutation" (kept; re-solved when heads are reassigned); None: "permutation" with a
@@ -456,15 +477,47 @@ def learned_matching(
     opts = opts or LearnedMatchingOptions()
     inner = inner or default_inner(opts.residual)
     _check(opts)
+    init, starts = _best_start(a, b, data, init, opts)
     latents = Latents(a, b, init, opts.residual, inner, fix_ones)
     path = PathModel(a, b, latents, getattr(torch, opts.dtype))
     lam = opts.lam_for(narrower=bool(b.free))
-    result = _fit(a, path, latents, LearnedResult(transform=init, lam=lam), data, opts,
+    result = _fit(a, path, latents, LearnedResult(transform=init, lam=lam, starts=starts),
+                  data, opts,
                   {"inner": inner, "fix_ones": fix_ones}, progress,
                   sample=_lambda_sampler(lam))
     result.transform = latents.transform()
     result.distance = distance(init, result.transform)
     return result
+
+
+def _best_start(a: CanonicalModel, b: CanonicalModel, data,
+                init: Transform | dict[str, Transform], opts: LearnedMatchingOptions
+                ) -> tuple[Transform, dict[str, float]]:
+    """The candidate of ``init`` with the lowest validation loss at ``opts.eval_lambdas``
+    (on the validation batches the run reads), and every candidate's loss (none for one)."""
+    if isinstance(init, Transform):
+        return init, {}
+    if len(init) == 1:
+        return next(iter(init.values())), {}
+    batches = _validation_batches(data, opts, opts.context or a.task.context(a.config))
+    losses = {}
+    with torch.no_grad(), deterministic():
+        for name, t in init.items():
+            path = PathModel(a, b, [_Fixed(t)], getattr(torch, opts.dtype))
+            val = path.losses(batches, opts.eval_lambdas)
+            losses[name] = sum(val) / len(val)
+    best = min(losses, key=losses.get)  # (the first of equals)
+    return init[best], losses
+
+
+@dataclass(frozen=True)
+class _Fixed:
+    """A transform standing where a path reads its latents' elements."""
+
+    transform: Transform
+
+    def elements(self) -> dict[str, Element]:
+        return dict(self.transform.elements)
 
 
 @dataclass
@@ -655,28 +708,53 @@ def _evaluate_start(run: _Run, path: PathModel, batches: list, resumed: bool) ->
 
 def _train(run: _Run, path: PathModel, batches: Iterator, val_batches: list,
            opts: LearnedMatchingOptions, ckpt: Path | None, progress) -> None:
-    """Steps until ``opts.steps`` (or ``opts.patience`` evaluations without a better one),
-    validating every ``opts.eval_every``; rank 0 reports and writes the checkpoints."""
+    """Steps until a plateau (see :func:`_plateau`), ``opts.steps`` or ``opts.time_budget``
+    seconds, validating every ``opts.eval_every``; rank 0 reports and writes the
+    checkpoints. Sets ``run.result.stop_reason``."""
     rank = distributed.rank()
+    t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         while run.step < opts.steps:
+            if opts.time_budget is not None and distributed.from_main(
+                    time.perf_counter() - t0 >= opts.time_budget):  # (rank 0's clock decides)
+                run.result.stop_reason = "time_budget"
+                break
             row = _train_step(run, path, next(batches), run.sample(run.lam_gen), opts, pool,
                               ckpt)
             last = run.step == opts.steps
+            stop = False
             if run.step % opts.eval_every == 0 or last:
                 row["val"] = _validate(run, path, val_batches, opts, pool)
+                stop = _plateau(run, opts)
+                if opts.schedule == "plateau":
+                    row["lr_scale"] = run.scale  # (the factor from the next step on)
             run.result.log.append(row)
             if progress is not None and rank == 0:
                 val = row.get("val")
                 progress(run.step, row["loss"],
                          None if val is None else val - run.result.baseline_val)
-            stop = bool(opts.patience) and run.bad >= opts.patience
             if ckpt is not None and rank == 0 and (
                     (opts.checkpoint_every and run.step % opts.checkpoint_every == 0)
                     or last or stop):
                 run.save(ckpt, opts)
             if stop:
+                run.result.stop_reason = "plateau"
                 break
+        else:
+            run.result.stop_reason = "max_steps"
+
+
+def _plateau(run: _Run, opts: LearnedMatchingOptions) -> bool:
+    """After a validation: whether the run stops. ``opts.patience`` validations without a
+    new best make a plateau; the plateau schedule then cuts the learning rate by
+    ``opts.cut`` (the count starting afresh), and the plateau after ``opts.cuts`` cuts
+    stops the run; the cosine schedule stops at the first."""
+    if not opts.patience or run.bad < opts.patience:
+        return False
+    if opts.schedule == "plateau" and run.cuts < opts.cuts:
+        run.cuts, run.scale, run.bad = run.cuts + 1, run.scale * opts.cut, 0
+        return False
+    return True
 
 
 def _train_step(run: _Run, path: PathModel, batch: tuple, lam: float | tuple[float, ...],

@@ -17,6 +17,10 @@ WEIGHTINGS = ("tensor", "layer", "none")
 UNIT_COSTS = ("angle", "distance")
 INNER = ("invertible", "orthogonal", "permutation")
 INITS = ("spectral", "embeddings", "identity")
+#: Learned matching's learning-rate schedules (see :class:`LearnedMatchingOptions`).
+SCHEDULES = ("plateau", "cosine")
+#: Where learned matching starts (see :class:`LearnedMatchingOptions`).
+STARTS = ("weight", "activation", "best")
 
 
 def default_inner(residual: str) -> str:
@@ -144,7 +148,23 @@ class LearnedMatchingOptions:
     eval_every: int = 100
     eval_lambdas: tuple[float, ...] = (0.5,)
     eval_batches: int = 4
-    patience: int = 0  # evaluations without improvement before stopping (0: never stop)
+    #: The learning rate over the steps: "plateau" (warm-up, then constant until ``patience``
+    #: validations bring no new best; then it is cut by ``cut``, at most ``cuts`` times, and
+    #: the next plateau stops the run) or "cosine" (warm-up, then a half cosine to 0 at
+    #: ``steps``; with ``patience``, a plateau stops it)
+    schedule: str = "cosine"
+    #: validations without a new best that make a plateau (0: none ever does: the learning
+    #: rate stays as it is and the run goes on to ``steps``)
+    patience: int = 0
+    cut: float = 0.3  # the learning rate's factor at each plateau ("plateau" schedule)
+    cuts: int = 2  # plateaus that cut the learning rate before one stops the run
+    #: Where a pair's latents start: "weight" (weight matching's solution), "activation"
+    #: (activation matching's, on the training data), or "best" (both validated at the eval
+    #: points, the lower kept); N models start from their frame
+    start: str = "weight"
+    #: Stop once the steps have taken this many seconds (None: no limit); the run ends
+    #: at the best point validated so far, as at any other stop
+    time_budget: float | None = None
     residual: str = "orthogonal"  # "orthogonal" | "permutation" | "none"
     seed: int = 0
     dtype: str = "float32"  # of the models on the path ("float64": for exact comparisons)
@@ -172,6 +192,14 @@ class LearnedMatchingOptions:
             (self.eval_every >= 1, f"eval-every must be at least 1, got {self.eval_every}"),
             (self.eval_batches >= 1, f"eval batches must be at least 1, got {self.eval_batches}"),
             (self.patience >= 0, f"patience must be at least 0, got {self.patience}"),
+            (self.schedule in SCHEDULES,
+             f"unknown schedule {self.schedule!r} (one of {', '.join(SCHEDULES)})"),
+            (0 < self.cut < 1, f"the cut must be in (0, 1), got {self.cut}"),
+            (self.cuts >= 0, f"cuts must be at least 0, got {self.cuts}"),
+            (self.start in STARTS,
+             f"unknown start {self.start!r} (one of {', '.join(STARTS)})"),
+            (self.time_budget is None or self.time_budget > 0,
+             f"the time budget must be positive (seconds), got {self.time_budget}"),
             (self.checkpoint_every >= 0,
              f"checkpoint-every must be at least 0, got {self.checkpoint_every}"),
             (self.residual in RESIDUALS,

@@ -100,8 +100,12 @@ def activation_prepost(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) ->
 
 def learned(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
     wm = o.weight_matching(token_masks(a, o.token_counts))
-    match = weight_matching(a, b, wm, progress=o.progress)
-    result = learned_matching(a, b, o.data, match.transform, o.learned_matching(),
-                              fix_ones=centred_pair(a, b), progress=o.learned_progress,
-                              inner=wm.inner)
+    lo = o.learned_matching()
+    match = weight_matching(a, b, wm, progress=o.progress) if lo.start != "activation" else None
+    starts = {} if match is None else {"weight": match.transform}
+    if lo.start != "weight":
+        starts["activation"] = activation_matching(a, b, statistics_batches(a, o.data),
+                                                   residual=o.residual)
+    result = learned_matching(a, b, o.data, starts, lo, fix_ones=centred_pair(a, b),
+                              progress=o.learned_progress, inner=wm.inner)
     return _moved(a, b, result.transform, match, result)
