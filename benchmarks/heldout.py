@@ -15,6 +15,8 @@ has run.
     python benchmarks/heldout.py --part val                # measure the validation pairs
     python benchmarks/heldout.py --part test               # the test pairs: the table
     python benchmarks/heldout.py --table                   # the tables again from the JSON
+    python benchmarks/heldout.py --part test --out a.json & ...   # processes side by side,
+    python benchmarks/heldout.py --merge a.json b.json     # then their rows into heldout.json
 
 Writes benchmarks/results/heldout.json (each pair's row with commit, machine and command)
 and the tables in benchmarks/README.md and README.md.
@@ -196,7 +198,7 @@ def table(results: dict, part: str, peer: dict) -> str:
             cells.append(f"{x:.3f}" + (f" ({x / none:.2f})" if none and m != "none" else ""))
         learned = r["methods"].get("learned", {}).get("align_seconds")
         lines.append(f"| `{k}`: {r['title']} | " + " | ".join(cells)
-                     + f" | {learned:.0f} |" if learned else " | – |")
+                     + (f" | {learned:.0f} |" if learned else " | – |"))
     runs = {(r["run"]["commit"], r["run"]["dirty"], r["run"]["machine"]) for r in pairs.values()}
     lines += ["", "Runs: " + "; ".join(f"commit {c}{' with changes' if d else ''}, {m}"
                                        for c, d, m in sorted(runs)) + "."]
@@ -216,8 +218,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     p.add_argument("--train-only", action="store_true")
     p.add_argument("--table", action="store_true", help="only rewrite the tables")
+    p.add_argument("--merge", nargs="*", default=[], metavar="JSON",
+                   help="add the pairs of these results files (runs of the same commit in "
+                   "separate processes) to heldout.json, then rewrite the tables")
     args = p.parse_args(argv)
     cache, out = Path(args.cache), Path(args.out)
+    if args.merge:
+        results = read_json(OUT) or {"pairs": {}}
+        for f in args.merge:
+            results["pairs"].update(read_json(f)["pairs"])
+        write_json(OUT, results)
+        args.table = True
     chosen = [q for q in suite() if (args.pairs is None or q.key in args.pairs)
               and args.part in ("all", q.part)]
     if not args.table:
@@ -241,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             md = table(results, part, peer)
             print(md)
             replace_section(f"heldout_{part}", md)
+            if part == "test":
+                replace_section("heldout_test", md, readme=HERE.parent / "README.md")
     return 0
 
 

@@ -456,14 +456,16 @@ def test_seed_changes_learned_matching_only(digits_runs, capsys):
     endpoints stay, the learned midpoint moves. Each run is long enough to move from its start
     (20 steps validated every 2: every one of seeds 0-19 beat its start, the earliest at step
     2; with 4 steps validated every 2, half of them kept the start, and two runs that both keep
-    it compute the same midpoint). The data order and λ draws, which differ whether or not a run
-    moves, are compared too."""
+    it compute the same midpoint; measured from weight matching's solution with the rate
+    decayed by a cosine over the 20 steps, as pinned here). The data order and λ draws, which
+    differ whether or not a run moves, are compared too."""
     a, b = digits_runs["a"], digits_runs["b"]
     runs = {}
     for seed in (0, 1):
         rc, out = _barrier_json(capsys, a, b, "--data", "digits", "--align", "weight",
                                 "--align", "learned", "--steps", "20", "--train-batch-size",
                                 "16", "--eval-every", "2", "--lr", "0.1", "--points", "3",
+                                "--schedule", "cosine", "--patience", "0", "--start", "weight",
                                 "--json", "--seed", str(seed))
         assert rc == 0, out
         runs[seed] = out
@@ -471,7 +473,10 @@ def test_seed_changes_learned_matching_only(digits_runs, capsys):
     for key in ("losses", "accuracies"):
         assert runs[0]["methods"]["weight"][key] == runs[1]["methods"]["weight"][key]
     l0, l1 = runs[0]["methods"]["learned"], runs[1]["methods"]["learned"]
-    assert l0["losses"][0] == l1["losses"][0] and l0["losses"][-1] == l1["losses"][-1]
+    # (A is the same model; B moved by two learned maps computes B's function up to the
+    # float32 rounding of each map)
+    assert l0["losses"][0] == pytest.approx(l1["losses"][0], rel=1e-6)
+    assert l0["losses"][-1] == l1["losses"][-1]
     for run in (l0, l1):  # (both moved: the midpoints are two learned ones, not the start's)
         assert run["learned"]["best_step"] > 0, run["learned"]
         assert run["learned"]["best_val"] < run["learned"]["start_val"], run["learned"]

@@ -161,18 +161,21 @@ def test_matching_independently_trained_mlp_pairs_beats_averaging(mlp_models):
 
 
 #: Learned matching on the MLPs: 600 steps of batch 16 (about 1 s), validated every 100 steps on
-#: 12 batches (192 images; on 4, the choice by validation was noisier).
+#: 12 batches (192 images; on 4, the choice by validation was noisier), from weight matching's
+#: solution with the rate decayed by a cosine over the 600 steps (as measured below).
 MLP_LEARNED = LearnedMatchingOptions(steps=600, batch_size=16, lr=3e-2, eval_every=100,
-                                     eval_batches=12)
+                                     eval_batches=12, schedule="cosine", patience=0,
+                                     start="weight")
 
 
 def test_learned_matching_and_repair_beat_weight_matching_on_trained_mlp_pairs(mlp_models):
-    """Mean over the three pairs of the share of weight matching's loss barrier (measured:
-    0.104, 0.198, 0.064) that learned matching and REPAIR (after weight matching) leave,
-    measured (pair 0-1's; perturbed; seeds): learned 0.629 (0.560x; 0.542, 0.716; 0.706,
-    0.636), REPAIR 0.785 (0.746x; 0.569, 0.735; 0.711, 0.743). Margins: learned 0.8 (1.27x),
-    REPAIR 0.9 (1.15x: REPAIR's gain on an MLP without norms is a quarter of the barrier; a
-    regression that gives back half of it fails)."""
+    """Mean over the three pairs of the share of weight matching's loss barrier (its shares
+    of vanilla's: 0.033, 0.095, 0.120) that learned matching and REPAIR (after weight
+    matching) leave, measured: learned 0.823 (0.689, 1.0, 0.782: one pair kept its start),
+    REPAIR 0.854 (0.916, 0.751, 0.896). With units assigned by angle, the earlier default,
+    weight matching left more (0.077, 0.162, 0.064 of vanilla's) and learned matching and
+    REPAIR 0.629 and 0.785 of it. Margins: learned 0.9, REPAIR 0.9 (a regression that gives
+    back half of the gain fails)."""
     shares: dict[str, list[float]] = {"learned": [], "repair": []}
     for a, b in pairs_of(mlp_models):
         report = run_barrier(a, b, "digits", methods=("weight", "learned"), points=5,
@@ -185,7 +188,7 @@ def test_learned_matching_and_repair_beat_weight_matching_on_trained_mlp_pairs(m
         assert repaired.methods["weight"].losses[0] == pytest.approx(
             report.methods["weight"].losses[0], rel=1e-6)  # (the endpoints are the models)
         shares["repair"].append(repaired.methods["weight"].loss_barrier / weight)
-    assert mean(shares["learned"]) <= 0.8, shares
+    assert mean(shares["learned"]) <= 0.9, shares
     assert mean(shares["repair"]) <= 0.9, shares
 
 

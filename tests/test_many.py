@@ -91,7 +91,8 @@ def test_universe_matching_finds_a_planted_set_from_the_barycenter():
 def test_universe_matching_leaves_an_unrelated_set_closer_than_mergemany():
     """Random unrelated MLPs: universe matching (every map at once, from the star) leaves
     the models nearer to the mean of the others than MergeMany does (measured: the sum of the
-    relative distances 2.41 against MergeMany's 2.88 and the star's 2.94)."""
+    relative distances 2.370 against MergeMany's 2.481 and the star's 2.695; with units
+    assigned by angle, the earlier default, 2.41 against 2.88 and 2.94)."""
     from glmc.matching.options import WeightMatchingOptions
     from glmc.matching.universe import spreads
 
@@ -99,7 +100,7 @@ def test_universe_matching_leaves_an_unrelated_set_closer_than_mergemany():
     opts = WeightMatchingOptions()
     got = {f.__name__: sum(spreads(models, f(models).transforms, opts))
            for f in (star, merge_many, universe)}
-    assert got["universe"] <= 0.9 * got["merge_many"], got
+    assert got["universe"] <= 0.97 * got["merge_many"], got
 
 
 def relaxed_problem(h, base_name: str, seed: int):
@@ -227,8 +228,10 @@ def test_merge_of_three_models_writes_the_stock_class_with_its_frame(bert_set, t
 
 
 def test_merge_of_three_models_by_universe_matching(bert_set, tmp_path, capsys):
-    """``--frame universe``: the report carries the descent (its objective never falls) and
-    the pairwise maps' cycle error beside it; the merge loads back as the stock class."""
+    """``--frame universe``: the report carries the descent (its objective never falls; on
+    this set the star it starts from is already stationary under the distance-assigned units,
+    and the trace is empty) and the pairwise maps' cycle error beside it; the merge loads back
+    as the stock class."""
     import json
 
     from transformers import AutoModelForMaskedLM
@@ -241,7 +244,8 @@ def test_merge_of_three_models_by_universe_matching(bert_set, tmp_path, capsys):
     frame = report["frame"]
     assert frame["method"] == "universe" and len(frame["relative_distances"]) == 2
     trace = frame["objective_trace"]
-    assert trace and all(b >= a for a, b in zip(trace, trace[1:], strict=False))
+    assert frame["iterations"] == len(trace) and frame["converged"]
+    assert all(b >= a for a, b in zip(trace, trace[1:], strict=False))
     assert report["cycle_error_pairwise"]["max"] > 0
     AutoModelForMaskedLM.from_pretrained(out, local_files_only=True)
 
@@ -323,9 +327,10 @@ def test_barrier_of_three_models_refined_by_learned_matching(bert_set, capsys):
 
 def test_pairs_report_what_the_frame_costs_with_standard_errors(bert_set):
     """Each pair's excess (joint minus alone) and ratio come with standard errors over the
-    evaluation batches. In a star frame pair 1-2 is aligned as the pair alone is: no excess,
-    and a paired error of zero; a barrier above zero has an error above zero (the batches
-    disagree at its peak); with one batch there is no error to give."""
+    evaluation batches. In a star frame the pairs with model 1 are aligned as the pairs alone
+    are: no excess, and paired errors of zero; a barrier above zero has an error above zero
+    (the batches disagree at its peak), and so has the ratio of a pair the frame moved; with
+    one batch there is no error to give."""
     from glmc.many import many_barrier
 
     r = many_barrier(bert_set, "shakespeare", frame="star", max_batches=3, points=3)
@@ -333,10 +338,13 @@ def test_pairs_report_what_the_frame_costs_with_standard_errors(bert_set):
         assert p["excess"] == pytest.approx(p["barrier_joint"] - p["barrier_pairwise"])
         assert all(p[k] is not None and p[k] >= 0 for k in
                    ("barrier_joint_se", "barrier_pairwise_se", "excess_se"))
-    first = r.pairs[0]
-    assert first["excess"] == pytest.approx(0.0, abs=1e-6) and first["excess_se"] < 1e-6
+    with_first = [p for p in r.pairs if 1 in p["pair"]]
+    assert all(p["excess"] == pytest.approx(0.0, abs=1e-6) and p["excess_se"] < 1e-6
+               for p in with_first)
     positive = [p for p in r.pairs if p["barrier_joint"] > 1e-4]
-    assert positive and all(p["barrier_joint_se"] > 0 and p["ratio_se"] > 0 for p in positive)
+    assert positive and all(p["barrier_joint_se"] > 0 for p in positive)
+    moved = [p for p in positive if 1 not in p["pair"]]
+    assert moved and all(p["ratio_se"] > 0 for p in moved)
     one = many_barrier(bert_set, "shakespeare", frame="star", max_batches=1, points=3)
     assert all(p["excess_se"] is None and p["barrier_joint_se"] is None for p in one.pairs)
 
@@ -345,7 +353,7 @@ def test_pairs_alone_take_their_own_options(bert_set):
     """``many_barrier(alone=...)``: each pair is aligned alone with those options, not the
     frame's. In a star frame pair 1-2 is aligned as the pair alone, so the pair alone with a
     permuted residual map is what a star with one finds, and differs from the orthogonal
-    star's own."""
+    star's own (measured: by 6.5e-5, the barriers' float32 noise being under 1e-6)."""
     from glmc.many import many_barrier
     from glmc.methods import AlignOptions
 
@@ -357,7 +365,7 @@ def test_pairs_alone_take_their_own_options(bert_set):
     first = mixed.pairs[0]
     assert first["barrier_pairwise"] == pytest.approx(permuted.pairs[0]["barrier_joint"],
                                                       rel=1e-6)
-    assert abs(first["barrier_joint"] - first["barrier_pairwise"]) > 1e-4
+    assert abs(first["barrier_joint"] - first["barrier_pairwise"]) > 1e-5
 
 
 @pytest.mark.parametrize(("extra", "env", "message"), [

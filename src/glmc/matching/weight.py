@@ -7,8 +7,8 @@ Units of the descent:
   orthogonal group a Procrustes, the exact minimiser of D given the others; an assignment
   in its permutations for the permutation-only ablation;
 - every other space with a step of its own (``problem.UNIT_STEPS``, by its group): for a
-  plain permutation space (MLP units, heads in circuit form), a linear assignment by the
-  angle between the units' weight vectors (scale-free; see ``WeightMatchingOptions.unit_cost``);
+  plain permutation space (MLP units, heads in circuit form), a linear assignment on D's own
+  terms (or the angle between the units' weight vectors, ``WeightMatchingOptions.unit_cost``);
   for a block permutation with nested inner spaces (heads in head form): for every pair of
   heads, the inner map that best aligns them (balanced factors, then Procrustes; or a
   permutation of the head dimensions) and the distance it leaves; an assignment over heads.
