@@ -614,3 +614,34 @@ def test_learned_matching_runs_on_deterministic_kernels(planted, data):
     learned_matching(a, b, data, wm, LearnedMatchingOptions(steps=2, eval_every=1),
                      progress=lambda *_: seen.append(torch.are_deterministic_algorithms_enabled()))
     assert seen == [True, True] and not torch.are_deterministic_algorithms_enabled()
+
+
+def test_a_run_resumed_after_its_plateau_takes_no_step(planted, data, tmp_path):
+    """A checkpoint of a run that stopped on a plateau resumes to the same result at once."""
+    a, b, wm = planted
+    ckpt = tmp_path / "latents.pt"
+    base = dict(steps=200, eval_every=2, lr=1e-12, schedule="plateau", patience=1, cuts=0,
+                checkpoint=str(ckpt))
+    done = learned_matching(a, b, data, wm, LearnedMatchingOptions(**base))
+    assert (done.stop_reason, done.steps) == ("plateau", 2)
+    again = learned_matching(a, b, data, wm, LearnedMatchingOptions(**base, resume=True))
+    assert (again.stop_reason, again.steps, again.best_val) == ("plateau", 2, done.best_val)
+
+
+def test_a_run_stopped_by_its_time_budget_resumes_without_it(planted, data, tmp_path):
+    """--time-budget is not part of the run: a run it stopped goes on under another budget
+    (or none), from its checkpoint, to the step cap."""
+    a, b, wm = planted
+    ckpt = tmp_path / "latents.pt"
+    base = dict(steps=6, eval_every=2, patience=0, checkpoint=str(ckpt), checkpoint_every=1)
+
+    def slow(step, loss, val):  # (the budget has run out by the end of the third step)
+        if step == 3:
+            import time
+            time.sleep(1.0)
+
+    cut = learned_matching(a, b, data, wm, LearnedMatchingOptions(**base, time_budget=0.5),
+                           progress=slow)
+    assert cut.stop_reason == "time_budget" and 1 <= cut.steps <= 3
+    rest = learned_matching(a, b, data, wm, LearnedMatchingOptions(**base, resume=True))
+    assert (rest.stop_reason, rest.steps) == ("max_steps", 6)

@@ -8,8 +8,9 @@ a learning rate cut at each validation plateau (or cosine decay), gradient clipp
 stops on a plateau of the validation loss at fixed λs, or at a cap on steps or time, and
 says which (``LearnedResult.stop_reason``).
 
-The start (weight matching's solution) is evaluated first and is the best so far, so the
-result is never worse than it on validation; what is returned is exactly what was evaluated
+The start (weight matching's solution, activation matching's, or the one of the two with the
+lower validation loss) is evaluated first and is the best so far, so the result is never worse
+than it on validation; what is returned is exactly what was evaluated
 (a head reassigned during training gets its inner maps aligned afresh at once, and they go on
 training from there). Runs data-parallel under torchrun: each rank takes a shard of the
 global batch and the latents' gradients are averaged with an all-reduce.
@@ -385,6 +386,7 @@ class _Run:
                    "start_val": self.result.start_val, "best_val": self.result.best_val,
                    "best_step": self.result.best_step, "bad": self.bad,
                    "scale": self.scale, "cuts": self.cuts,
+                   "stop_reason": self.result.stop_reason,
                    "log": self.result.log, "options": _comparable(opts) | self.setup,
                    "odds": getattr(self.sample, "odds", None)}
         with atomic_path(path) as tmp:
@@ -402,6 +404,7 @@ class _Run:
         self.lam_gen.set_state(st["lam_gen"])
         self.best, self.step, self.bad = st["best"], st["step"], st["bad"]
         self.scale, self.cuts = st["scale"], st["cuts"]
+        self.result.stop_reason = st["stop_reason"]
         r = self.result
         r.start_val, r.best_val, r.best_step = st["start_val"], st["best_val"], st["best_step"]
         r.log = st["log"]
@@ -713,6 +716,8 @@ def _train(run: _Run, path: PathModel, batches: Iterator, val_batches: list,
     checkpoints. Sets ``run.result.stop_reason``."""
     rank = distributed.rank()
     t0 = time.perf_counter()
+    if run.result.stop_reason == "plateau":  # (resumed after it stopped: nothing is left)
+        return
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         while run.step < opts.steps:
             if opts.time_budget is not None and distributed.from_main(
@@ -726,6 +731,8 @@ def _train(run: _Run, path: PathModel, batches: Iterator, val_batches: list,
             if run.step % opts.eval_every == 0 or last:
                 row["val"] = _validate(run, path, val_batches, opts, pool)
                 stop = _plateau(run, opts)
+                if stop:
+                    run.result.stop_reason = "plateau"
                 if opts.schedule == "plateau":
                     row["lr_scale"] = run.scale  # (the factor from the next step on)
             run.result.log.append(row)
@@ -738,7 +745,6 @@ def _train(run: _Run, path: PathModel, batches: Iterator, val_batches: list,
                     or last or stop):
                 run.save(ckpt, opts)
             if stop:
-                run.result.stop_reason = "plateau"
                 break
         else:
             run.result.stop_reason = "max_steps"
@@ -814,6 +820,7 @@ def _comparable(opts: LearnedMatchingOptions) -> dict:
     for k in ("checkpoint", "checkpoint_every", "resume", "dirichlet_alpha", "edge_fraction",
               "edge_focus", "free_frame"):
         d.pop(k)  # (N models' runs keep these in their setup; a pair never reads them)
+    d.pop("time_budget")  # (a run stopped by its time budget resumes under any other)
     d["eval_lambdas"] = list(d["eval_lambdas"])
     return d
 
