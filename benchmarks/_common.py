@@ -7,10 +7,13 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from glmc.provenance import cpu
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -18,19 +21,8 @@ README = HERE / "README.md"
 
 
 def cpu_model() -> str:
-    """The CPU's model name and its widest vector units (Linux: /proc/cpuinfo; else what
-    ``platform`` says): machines of one kernel and core count differ several-fold in float32
-    throughput, and a virtual machine's model name may not tell them apart."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        return platform.processor()
-    flags = set(fields.get("flags", "").split())
-    units = [f for f in ("avx2", "avx512f", "amx_tile") if f in flags]
-    return f"{fields.get('model name', '?')} ({', '.join(units) or 'no AVX2'})"
+    """The CPU's model name and its widest vector units (glmc.provenance.cpu)."""
+    return cpu()
 
 
 def machine(**extra: Any) -> dict[str, Any]:
@@ -52,15 +44,24 @@ def provenance(**extra: Any) -> dict[str, Any]:
         return run.stdout.strip()
 
     info = machine()
-    return {"commit": git("rev-parse", "--short", "HEAD"),
+    return {"commit": git("rev-parse", "--short", "HEAD"), "command": command(),
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "src")),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
             "machine": f"{info['cpu'] or info['platform']}, {info['cpus']} cpus",
             "threads": info.get("threads"), **extra}
 
 
+def command() -> str:
+    """The command line that ran this process, as typed from the repository's root."""
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), HERE.parent)
+    return shlex.join(["python", script, *sys.argv[1:]])
+
+
 def write_json(path: str | Path, data: dict[str, Any]) -> Path:
+    """Write ``data`` atomically, stamped with the command and the commit that made it (unless
+    it says them itself)."""
     path = Path(path)
+    data = {"command": command(), "commit": provenance()["commit"], **data}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
@@ -71,6 +72,15 @@ def write_json(path: str | Path, data: dict[str, Any]) -> Path:
 def read_json(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_run(path: str | Path, run: str, data: dict[str, Any]) -> Path:
+    """One experiment is one file; its variants are runs inside it: put ``data`` (stamped with
+    its own provenance) under ``runs[run]`` of ``path``, keeping the other runs."""
+    results = read_json(path)
+    runs = results.get("runs", {})
+    runs[run] = {"run": provenance(), **data}
+    return write_json(path, {"benchmark": Path(path).stem, "runs": runs})
 
 
 def replace_section(name: str, markdown: str, readme: Path = README) -> None:

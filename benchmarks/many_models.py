@@ -9,7 +9,7 @@ each frame. Prints a table and writes JSON.
 
     python benchmarks/many_models.py                    # N = 8
     python benchmarks/many_models.py --n 4 --steps 300 --out /tmp/many.json
-    python benchmarks/many_models.py --screen-start --out results/many_models_start.json
+    python benchmarks/many_models.py --screen-start     # run 'start' of many_models.json
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import argparse
 import time
 from pathlib import Path
 
-from _common import HERE, RESULTS, machine, provenance, write_json
+from _common import HERE, RESULTS, machine, write_run
 
 from glmc.api import merge_many
 from glmc.evaluate import evaluate
@@ -78,16 +78,18 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "many_models.json")
     ap.add_argument("--screen-start", action="store_true",
                     help="instead: universe matching's start, on validation data only")
+    ap.add_argument("--run", default=None, help="the name of this run inside --out "
+                    "(default: 'start' with --screen-start, else 'default')")
     args = ap.parse_args()
+    run = args.run or ("start" if args.screen_start else "default")
     import torch
 
     torch.set_num_threads(args.threads)
     folders = trained(args.cache, args.n, args.steps, args.threads)
     models = [load_model(f).canonical for f in folders]
     if args.screen_start:
-        write_json(args.out, {"benchmark": "many_models_start", "machine": machine(),
-                              "run": provenance(threads=args.threads), "n": args.n,
-                              "steps": args.steps, "rows": screen_start(models)})
+        write_run(args.out, run, {"machine": machine(), "n": args.n, "steps": args.steps,
+                                  "rows": screen_start(models)})
         print(f"wrote {args.out}")
         return
     alone = [evaluate(m, "mnist5k") for m in models]
@@ -115,9 +117,8 @@ def main() -> None:
     for row in rows:
         print(f"| {row['what']} | {row['loss']:.3f} | {100 * row['accuracy']:.1f}% | "
               f"{row.get('seconds', '')} |")
-    write_json(args.out, {"benchmark": "many_models", "machine": machine(),
-                          "run": provenance(threads=args.threads), "n": args.n,
-                          "steps": args.steps, "rows": rows})
+    write_run(args.out, run, {"machine": machine(), "n": args.n, "steps": args.steps,
+                              "rows": rows})
     print(f"wrote {args.out}")
 
 

@@ -14,17 +14,15 @@ the pair's own.
 
     python benchmarks/many_transformers.py                       # both sets, both methods
     python benchmarks/many_transformers.py --sets vit-demo --methods weight
-    python benchmarks/many_transformers.py --screen-edge-fraction 0 0.5 0.9 \
-        --out results/many_transformers_edges.json
-    python benchmarks/many_transformers.py --screen-steps 1000 3000 --screen-alone \
-        --out results/many_transformers_steps.json
+    python benchmarks/many_transformers.py --screen-edge-fraction 0 0.5 0.9 --run edges
+    python benchmarks/many_transformers.py --screen-steps 1000 3000 --screen-alone --run steps
     python benchmarks/many_transformers.py --methods learned --learned-with steps=6000 \
-        edge_fraction=0.9 edge_focus=100 --out results/many_transformers_6000_focus.json
-    python benchmarks/many_transformers.py --sets gpt2-demo --screen-edge-focus 0 100 \
-        --screen-with steps=3000 edge_fraction=0.9 --out results/many_transformers_focus.json
+        edge_fraction=0.9 edge_focus=100 --run 6000_focus
     python benchmarks/many_transformers.py --sets gpt2-demo --screen-seed 1 2 --alone-seeds 1 2 \
-        --screen-with steps=6000 edge_fraction=0.9 edge_focus=100 \
-        --out results/many_transformers_seeds_gpt2.json
+        --screen-with steps=6000 edge_fraction=0.9 edge_focus=100 --run seeds_gpt2
+
+Every run goes into benchmarks/results/many_transformers.json under runs[--run] (default
+"default"), with its commit, machine and command.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ import time
 import typing
 from pathlib import Path
 
-from _common import HERE, RESULTS, machine, provenance, write_json
+from _common import HERE, RESULTS, machine, write_run
 from quality import suite
 
 from glmc.demo import train_models
@@ -232,6 +230,8 @@ def main() -> None:
                     help="learned refinement's options for the joint frame (e.g. steps=6000); "
                     "each pair alone keeps the library's defaults")
     ap.add_argument("--out", type=Path, default=RESULTS / "many_transformers.json")
+    ap.add_argument("--run", default="default",
+                    help="the name of this run inside --out (default: %(default)s)")
     args = ap.parse_args()
     import torch
 
@@ -273,9 +273,8 @@ def main() -> None:
         return
     if screened:
         name = screened[0]
-        write_json(args.out, {"benchmark": f"many_transformers_{name}", "machine": machine(),
-                              "run": provenance(threads=args.threads), "n": args.n,
-                              "results": results})
+        write_run(args.out, args.run, {"screen": name, "machine": machine(), "n": args.n,
+                                       "results": results})
         print(f"wrote {args.out}")
         return
     print("| set | method | models' mean loss | merged | merged − mean | worst pair ratio |")
@@ -286,9 +285,7 @@ def main() -> None:
             print(f"| {key} | {method} | {r['endpoints_mean_loss']:.3f} | "
                   f"{r['merged']['loss']:.3f} | {r['merged_minus_mean']:.3f} | "
                   f"{'-' if ratio is None else f'{ratio:.2f}'} |")
-    write_json(args.out, {"benchmark": "many_transformers", "machine": machine(),
-                          "run": provenance(threads=args.threads), "n": args.n,
-                          "results": results})
+    write_run(args.out, args.run, {"machine": machine(), "n": args.n, "results": results})
     print(f"wrote {args.out}")
 
 

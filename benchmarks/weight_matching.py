@@ -4,8 +4,10 @@ Each size runs in its own process (so peak RSS is that size's own) on a pair of 
 initialised GPT-2 models of the given shape, in float32, on the CPU.
 
     python benchmarks/weight_matching.py                      # paper, d384, gpt2-small
-    python benchmarks/weight_matching.py --sizes gpt2-medium  # one size
-    python benchmarks/weight_matching.py --out benchmarks/results/weight_matching.json
+    python benchmarks/weight_matching.py --sizes gpt2-medium --run gpt2_medium  # one size
+
+Every run goes into benchmarks/results/weight_matching.json under runs[--run] (default
+"default"), with its commit, machine and command.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from _common import RESULTS, machine, provenance, write_json
+from _common import RESULTS, machine, provenance, write_run
 
 SIZES = {
     # name: (n_layer, n_embd, n_head, n_inner, vocab, context)
@@ -93,6 +95,7 @@ def main() -> None:
     p.add_argument("--tol", type=float, default=1e-5)
     p.add_argument("--residual", default="orthogonal")
     p.add_argument("--out", default=str(RESULTS / "weight_matching.json"))
+    p.add_argument("--run", default="default", help="the name of this run inside --out")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
@@ -110,7 +113,7 @@ def main() -> None:
               f"rss={r['peak_rss_gb']:5.2f}GB  relative D {r['relative_init']:.4f}->"
               f"{r['relative_final']:.4f}  {r['phases_s']}", flush=True)
     report = {"machine": machine(), "options": vars(args), "results": rows}
-    print(f"wrote {write_json(args.out, report)}")
+    print(f"wrote {write_run(args.out, args.run, report)}")
 
 
 if __name__ == "__main__":

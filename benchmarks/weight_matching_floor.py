@@ -109,7 +109,8 @@ def main() -> None:
                    help="the weight-matching benchmark's results (the run's MLP solves)")
     p.add_argument("--out", default=str(RESULTS / "weight_matching_floor.json"))
     args = p.parse_args()
-    runs = json.loads(Path(args.run).read_text())["results"]
+    data = json.loads(Path(args.run).read_text())
+    runs = data["runs"]["default"]["results"] if "runs" in data else data["results"]
     run = next((r for r in runs if r["size"] == args.size and "unit_solves" in r), None)
     if run is None:
         raise SystemExit(f"{args.run}: no {args.size} row with unit_solves; run "

@@ -14,7 +14,9 @@ embedded); LAMBDA learned matching's λ distribution, or ``default`` (the librar
 
     python benchmarks/widths.py                                    # the test split, defaults
     python benchmarks/widths.py --split val --variants zeros:uniform:0.4,0.6 fill:default \
-        --out benchmarks/results/widths_screen.json
+        --run screen
+
+Every run goes into benchmarks/results/widths.json under runs[--run] (default: the split's name).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from _common import HERE, RESULTS, machine, provenance, write_json
+from _common import HERE, RESULTS, machine, write_run
 
 from glmc.barrier import run_barrier
 from glmc.demo import model_folder, train_models
@@ -53,6 +55,8 @@ def main() -> None:
     ap.add_argument("--variants", nargs="*", default=["fill:default"],
                     help="FILL:LAMBDA, each (see above)")
     ap.add_argument("--out", type=Path, default=RESULTS / "widths.json")
+    ap.add_argument("--run", default=None,
+                    help="the name of this run inside --out (default: the split's name)")
     args = ap.parse_args()
     variants = [(v, *variant(v)) for v in args.variants]
     demo = {p.key: p for p in demo_pairs(quick=False)}["shakespeare"]
@@ -99,9 +103,9 @@ def main() -> None:
         print(f"| {row['ratio']:g} | {row['d_b']} | {row['variant']} | {row['loss_a']:.3f} | "
               f"{row['loss_b']:.3f} | {row['barrier_weight']:.3f} | "
               f"{row['barrier_learned']:.3f} |")
-    write_json(args.out, {"benchmark": "widths", "machine": machine(), "run": provenance(),
-                          "split": args.split, "steps_learned": args.steps_learned,
-                          "a": str(a), "rows": rows})
+    write_run(args.out, args.run or args.split,
+              {"machine": machine(), "split": args.split, "steps_learned": args.steps_learned,
+               "a": str(a), "rows": rows})
     if args.split != "test" or len(variants) != 1:
         print(f"wrote {args.out}")
         return

@@ -25,6 +25,10 @@ def test_demo_quick_end_to_end(h, tmp_path, capsys):
         assert max(losses_b) - min(losses_b) < 1e-3 * max(1.0, abs(losses_b[0]))
         assert (out / f"barrier-{key}.png").stat().st_size > 10_000
     assert "| vanilla averaging (stock weights) |" in (out / "report.md").read_text()
+    # The figures say what they come from: the code's commit, the machine, the command.
+    run = results["provenance"]
+    assert run["glmc"] and run["machine"] and run["command"]
+    assert f"commit {run['commit'] or 'unknown'}" in (out / "report.md").read_text()
     # A second run reuses the cached models instead of training again; writing into the
     # earlier output folder needs --force.
     assert main(args + ["--json", "--align", "none"]) == 2
@@ -60,3 +64,20 @@ def test_training_in_process_gives_the_caller_its_threads_back(tmp_path):
         assert (tmp_path / "m" / "glmc_train.json").is_file() and notes[-1].startswith("trained")
     finally:
         torch.set_num_threads(before)
+
+
+def test_provenance_names_the_checkout_commit():
+    import subprocess
+    from pathlib import Path
+
+    from glmc.provenance import provenance
+
+    top = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=top,
+                          capture_output=True, text=True)
+    run = provenance()
+    if head.returncode != 0:  # not a git checkout: nothing to name
+        assert run["commit"] is None
+    else:
+        assert run["commit"] == head.stdout.strip()
+        assert isinstance(run["dirty"], bool)

@@ -36,6 +36,7 @@ from glmc.io.atomic import write_text
 from glmc.io.folders import write_json
 from glmc.matching.options import LearnedMatchingOptions
 from glmc.plots import plot_barriers, plot_iterations, plot_moves
+from glmc.provenance import provenance
 from glmc.training import TrainConfig, train
 
 #: The paper's test-loss barriers (mean of runs) for the columns the demo reproduces.
@@ -356,8 +357,8 @@ def run_demo(
     if demo.moves:
         plots["moves"] = plot_moves(demo.moves, out / "learned-moves.png")
     demo.results = {
-        "quick": quick, "seconds": {"total": round(time.perf_counter() - t0, 1),
-                                    "training": round(t_train, 1)},
+        "provenance": provenance(), "quick": quick,
+        "seconds": {"total": round(time.perf_counter() - t0, 1), "training": round(t_train, 1)},
         "parallel": parallel or min(2, os.cpu_count() or 1),
         "models": {p.key: {"a": str(model_folder(cache, p, 0)),
                            "b": str(model_folder(cache, p, 1)),
@@ -467,7 +468,10 @@ def markdown_report(demo: DemoResult) -> str:
               f"continuous maps, ×1 when permutations are all there is), λ ~ "
               f"{lm['lam']}.", ""]
     lines += _finding_lines(demo)
+    run = results["provenance"]
     lines += [f"Total time {results['seconds']['total']} s (training "
-              f"{results['seconds']['training']} s).", ""]
+              f"{results['seconds']['training']} s). Run: glmc {run['glmc']}, commit "
+              f"{run['commit'] or 'unknown'}{' (changed)' if run['dirty'] else ''}, "
+              f"{run['machine']}, `{run['command']}`.", ""]
     lines += [f"![{k}]({Path(v).name})" for k, v in results["plots"].items()]
     return "\n".join(lines) + "\n"
