@@ -10,6 +10,8 @@ import platform
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,22 @@ def write_run(path: str | Path, run: str, data: dict[str, Any]) -> Path:
     runs = results.get("runs", {})
     runs[run] = {"run": provenance(), **data}
     return write_json(path, {"benchmark": Path(path).stem, "runs": runs})
+
+
+@dataclass(frozen=True)
+class Section:
+    """A generated section of a README: the markdown ``render`` makes from ``sources`` (results
+    files), checked against the README by benchmarks/figures.py."""
+
+    render: Callable[[], str]
+    sources: tuple[Path, ...]
+
+    def __call__(self) -> str:
+        return self.render()
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        return tuple(str(p.relative_to(HERE.parent)) for p in self.sources)
 
 
 def replace_section(name: str, markdown: str, readme: Path = README) -> None:

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import RESULTS, machine, provenance, read_json, replace_section, write_json
+from _common import RESULTS, Section, machine, provenance, read_json, replace_section, write_json
 
 from glmc.demo import DemoPair, model_folder, train_models
 from glmc.training import TrainConfig
@@ -172,6 +172,9 @@ def table(results: dict) -> str:
     lines.append("Runs: " + "; ".join("not recorded" if r is None else f"commit {r[0]}, {r[1]}"
                                       for r in sorted(runs, key=str)) + ".")
     return "\n".join(lines)
+
+
+SECTIONS = {"convnets": Section(lambda: table(read_json(OUT)), (OUT,))}
 
 
 def main(argv: list[str] | None = None) -> int:

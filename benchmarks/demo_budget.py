@@ -23,7 +23,7 @@ import argparse
 import time
 from pathlib import Path
 
-from _common import RESULTS, machine, provenance, read_json, replace_section, write_json
+from _common import RESULTS, Section, machine, provenance, read_json, replace_section, write_json
 
 OUT = RESULTS / "demo_budget.json"
 VIT = dict(arch="vit", data="mnist5k", n_layer=3, n_embd=128, n_head=4, patch_size=7,
@@ -92,6 +92,9 @@ def table(data: dict) -> str:
     lines.append("")
     lines.append("Runs: " + "; ".join(f"commit {c}, {d}" for c, d in sorted(runs)) + ".")
     return "\n".join(lines)
+
+
+SECTIONS = {"demo_budget": Section(lambda: table(read_json(OUT)), (OUT,))}
 
 
 def main() -> None:

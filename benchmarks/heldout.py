@@ -37,7 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _common import HERE, RESULTS, provenance, read_json, replace_section, write_json
+from _common import HERE, RESULTS, Section, provenance, read_json, replace_section, write_json
 
 OUT = RESULTS / "heldout.json"
 PEER = RESULTS / "peer_heldout.json"
@@ -203,6 +203,11 @@ def table(results: dict, part: str, peer: dict) -> str:
     lines += ["", "Runs: " + "; ".join(f"commit {c}{' with changes' if d else ''}, {m}"
                                        for c, d, m in sorted(runs)) + "."]
     return "\n".join(lines)
+
+
+SECTIONS = {f"heldout_{part}": Section(
+    lambda part=part: table(read_json(OUT), part, read_json(PEER)), (OUT, PEER))
+    for part in ("val", "test")}
 
 
 def main(argv: list[str] | None = None) -> int:

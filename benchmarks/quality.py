@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import RESULTS, machine, provenance, read_json, replace_section, write_json
+from _common import RESULTS, Section, machine, provenance, read_json, replace_section, write_json
 
 from glmc.demo import model_folder, train_models
 from glmc.demo import pairs as demo_pairs
@@ -241,6 +241,9 @@ def table(results: dict, peer: dict) -> str:
         lines.append("The paper's code's rows: " + "; ".join(
             f"run of glmc commit {c}, {d} UTC" for c, d in sorted(peer_runs, key=str)) + ".")
     return "\n".join(lines)
+
+
+SECTIONS = {"quality": Section(lambda: table(read_json(OUT), read_json(PEER)), (OUT, PEER))}
 
 
 def main(argv: list[str] | None = None) -> int:

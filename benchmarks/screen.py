@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import RESULTS, provenance, read_json, replace_section, write_json
+from _common import RESULTS, Section, provenance, read_json, replace_section, write_json
 
 from glmc.training import TrainConfig
 
@@ -262,6 +262,9 @@ def with_run(results: dict, run: dict) -> dict:
     for r in runs:
         r["ranking"] = ranking(r)
     return {"runs": runs}
+
+
+SECTIONS = {"screen": Section(lambda: table(read_json(OUT)), (OUT,))}
 
 
 def main(argv: list[str] | None = None) -> int:
