@@ -46,7 +46,7 @@ _LINK = re.compile(r"\]\([^)]*\)")
 _MARK = re.compile(r"\b(?:at|commit|commits|measured at)\s+([0-9a-f]{7,40})\b")
 _HASH = re.compile(r"\b[0-9a-f]{7,40}\b")
 # a decimal, or a whole number with a unit; not part of a version (3.11.7), a name or a path
-_FIGURE = re.compile(r"(?<![\w.=≤≥<>/-])(\d[\d,]*\.\d+|\d[\d,]*(?=\s?(?:s|min|GB|MB|GiB|%)\b|%))"
+_FIGURE = re.compile(r"(?<![\w.=≤≥<>/])(?<![A-Za-z]-)(\d[\d,]*\.\d+|\d[\d,]*(?=\s?(?:s|min|minutes|GB|MB|GiB|%)\b|%))"
                      r"(?![\w.]*\d)(\s?%)?")
 
 
@@ -126,7 +126,7 @@ def matches(figure: str, percent: bool, known: set[float]) -> bool:
     decimals = len(figure.split(".")[1]) if "." in figure else 0
     scales = (1.0, 100.0) if percent else (1.0,)
     tol = 0.5 * 10 ** -decimals + 1e-9
-    return any(abs(x * s - value) <= tol for x in known for s in scales)
+    return any(abs(abs(x) * s - value) <= tol for x in known for s in scales)
 
 
 def sections() -> dict[str, Callable[[], str]]:
@@ -154,9 +154,10 @@ def _blocks(text: str) -> list[tuple[int, int]]:
 
 
 def check_document(name: str, renderers: dict[str, Callable[[], str]] | None = None,
-                   git: bool | None = None) -> list[Problem]:
-    """Every problem with the figures of one document (empty: all found or marked)."""
-    text = (ROOT / name).read_text()
+                   git: bool | None = None, text: str | None = None) -> list[Problem]:
+    """Every problem with the figures of document ``name`` (its ``text`` if given; sources
+    are paths from the repository's root, or absolute). Empty: all found or marked."""
+    text = (ROOT / name).read_text() if text is None else text
     git = has_git() if git is None else git
     renderers = sections() if renderers is None else renderers
     line_of = lambda pos: text.count("\n", 0, pos) + 1  # noqa: E731
@@ -179,9 +180,16 @@ def check_document(name: str, renderers: dict[str, Callable[[], str]] | None = N
         if render is None:
             problems.append(Problem(name, line_of(m.start()), f"section {section}: no benchmark "
                                     "script names it in SECTIONS"))
-        elif render().strip() != body.strip():
-            problems.append(Problem(name, line_of(m.start()), f"section {section} is not what "
-                                    "its results render today: rerun its script with --table"))
+        else:
+            try:
+                rendered = render()
+            except (OSError, KeyError, TypeError, ValueError) as e:
+                rendered = None
+                problems.append(Problem(name, line_of(m.start()), f"section {section}: its "
+                                        f"results do not render ({type(e).__name__}: {e})"))
+            if rendered is not None and rendered.strip() != body.strip():
+                problems.append(Problem(name, line_of(m.start()), f"section {section} is not "
+                                        "what its results render today: rerun its script"))
         masked = masked[:m.start(2)] + re.sub(r"[^\n]", " ", body) + masked[m.end(2):]
     # prose: split into sections at headings; a source comment covers the rest of its section
     masked = re.sub(r"^( {4}|\t).*$", lambda m: " " * len(m.group(0)), masked, flags=re.M)
@@ -209,15 +217,20 @@ def check_document(name: str, renderers: dict[str, Callable[[], str]] | None = N
             sources.append((m.start(), known))
         for g in _GENERATED.finditer(text[start:end]):
             render = renderers.get(g.group(1))
-            found = set().union(*(commits(_json(s)) for s in getattr(render, "source_names", ())))
+            try:
+                found = set().union(*(commits(_json(s))
+                                      for s in getattr(render, "source_names", ())))
+            except (OSError, json.JSONDecodeError):
+                continue
             stale(found, text[start:end], start + g.start(), f"section {g.group(1)}")
         plain = _LINK.sub("]", _CODE.sub(lambda m: " " * len(m.group(0)), _COMMENT.sub(
             lambda m: " " * len(m.group(0)), part)))
         blocks = _blocks(plain)
         for m in _FIGURE.finditer(plain):
             figure = m.group(1)
-            if figure in not_figures:
-                continue
+            if figure in not_figures or plain[:m.start()].rstrip()[-1:] in ("=", "≤", "≥", "<",
+                                                                            ">", "~", "≈"):
+                continue  # (a setting or a bound, not a measurement)
             block = next(plain[a:b] for a, b in blocks if a <= m.start() < b)
             if _MARK.search(block):
                 continue
