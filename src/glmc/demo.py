@@ -95,9 +95,8 @@ def pairs(quick: bool) -> list[DemoPair]:
         gpt = TrainConfig(arch="gpt2", data="shakespeare", n_layer=3, n_embd=128, n_head=4,
                           context=64, steps=1000, batch_size=32, lr=3e-3, eval_every=250,
                           eval_batches=8, checkpoint_every=100, threads=1)
-        # (7x7 patches: 17 tokens where 4x4 gave 50; a step takes 0.09 s here against
-        # 0.4-0.8 s, and 600 steps reach the test accuracy 1,000 steps of 4x4 did, 88.8%
-        # against 88.4%; benchmarks/demo_budget.py)
+        # (7x7 patches: 17 tokens where 4x4 gives 50, several times faster per step to the
+        # same accuracy; benchmarks/demo_budget.py)
         vit = TrainConfig(arch="vit", data="mnist5k", n_layer=3, n_embd=128, n_head=4,
                           patch_size=7, steps=600, batch_size=64, lr=2e-3, eval_every=200,
                           eval_batches=8, checkpoint_every=100, threads=1)
@@ -196,10 +195,8 @@ def train_models(jobs: list[tuple[TrainConfig, Path]], parallel: int,
             note(f"trained {f}")
 
 
-#: Learned matching's steps in the demo: half the library's 1,000, so that the demo fits 10
-#: minutes on 2 cores. On the demo's GPT-2 pair the validation barrier is 0.095 after 300
-#: steps, 0.086 after 500 and 0.072 after 1,000; a larger learning rate does not make up for
-#: fewer steps (500 steps at 2e-2: 0.086, at 4e-2: 0.097). ``benchmarks/demo_budget.py``.
+#: Learned matching's steps in the demo (a cap): fewer than the library's, so that the demo
+#: fits its time on 2 cores; ``benchmarks/demo_budget.py`` measures what that costs.
 DEMO_LEARNED_STEPS = 500
 
 
