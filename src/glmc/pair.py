@@ -83,6 +83,8 @@ class StockPair:
         a, b: the stock state dicts (same names and shapes; a folder's read from its files
             as they are needed, see :class:`glmc.io.folders.StoredState`).
         files: what the averaged model carries (A's tokenizer and generation config).
+        dtype: the name of the dtype A is stored in (the average is written in it); None: as
+            its tensors are.
     """
 
     importer: Importer
@@ -90,15 +92,18 @@ class StockPair:
     a: Mapping[str, torch.Tensor]
     b: Mapping[str, torch.Tensor]
     files: dict[str, str] = field(default_factory=dict)
+    dtype: str | None = None
 
     def state_at(self, alpha: float) -> StateDict:
         """The stock state dict α·stock_A + (1 − α)·stock_B."""
         return interpolate(self.a, self.b, alpha)
 
     def model_at(self, alpha: float) -> CanonicalModel:
-        """:meth:`state_at` in canonical form (same function)."""
-        return self.importer.to_canonical(self.hf_config, self.state_at(alpha)).with_files(
-            self.files)
+        """:meth:`state_at` in canonical form (same function), stored as A is."""
+        model = self.importer.to_canonical(self.hf_config, self.state_at(alpha))
+        if self.dtype is not None:  # (read in float32, written in A's dtype)
+            model.config.source["dtype"] = self.dtype
+        return model.with_files(self.files)
 
 
 #: Why ``none`` cannot average a model: it holds no stock weights.
@@ -152,7 +157,8 @@ def stock_pair(model_a: ModelLike, model_b: ModelLike) -> StockPair:
         if shape_a != shape_b:
             raise GlmcError(f"{where}: tensor {name}: shape {list(shape_a)} in A, "
                             f"{list(shape_b)} in B")
-    return StockPair(la.importer, ca, sa, sb, dict(la.canonical.files))
+    return StockPair(la.importer, ca, sa, sb, dict(la.canonical.files),
+                     la.canonical.config.source.get("dtype"))
 
 
 def _shape(state: Mapping[str, torch.Tensor], name: str) -> torch.Size:
