@@ -51,7 +51,7 @@ from glmc.data.batches import fixed_batches
 from glmc.data.gpt2_bpe import END_OF_TEXT_ID
 from glmc.data.splits import check_split
 from glmc.defaults import DEFAULT_TEXT_TOKENS
-from glmc.errors import GlmcError, reason
+from glmc.errors import GlmcError, Note, reason
 from glmc.families.registry import family_of
 from glmc.io.folders import canonical
 from glmc.tasks import task_of
@@ -297,7 +297,7 @@ def check_training_data(models: Sequence[Any], images: bool) -> None:
 
 
 def split_warnings(models: Sequence[Any]) -> list[str]:
-    """The warning for a pair (folders, LoadedModels or CanonicalModels) evaluated or trained
+    """The note for a pair (folders, LoadedModels or CanonicalModels) evaluated or trained
     on data when either holds no training record: whether the test split holds nothing it
     trained on cannot be checked (a record says which data and split the run used)."""
     from glmc.io.folders import TRAIN_FILE, name_of
@@ -308,9 +308,9 @@ def split_warnings(models: Sequence[Any]) -> list[str]:
     if not missing:
         return []
     verb = "holds" if len(missing) == 1 else "hold"
-    return [f"{' and '.join(missing)} {verb} no training record ({TRAIN_FILE}, written by "
-            "glmc train): the test split's independence from the models' training data "
-            "cannot be checked"]
+    return [Note(f"{' and '.join(missing)} {verb} no training record ({TRAIN_FILE}, written "
+                 "by glmc train): the test split's independence from the models' training "
+                 "data cannot be checked")]
 
 
 def split_seed(models: Sequence[Any], data_seed: int | None = None) -> int:
