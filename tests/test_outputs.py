@@ -779,11 +779,12 @@ def bf16_set(request, h, tmp_path) -> list[Path]:
     return folders
 
 
-@pytest.mark.parametrize("align", ["none", "weight"])
-def test_a_merge_of_bfloat16_folders_stays_bfloat16(cli, bf16_set, tmp_path, align):
+@pytest.mark.parametrize(("align", "n"), [("none", 2), ("weight", 2), ("none", 3)])
+def test_a_merge_of_bfloat16_folders_stays_bfloat16(cli, bf16_set, tmp_path, align, n):
     """The user's report: ``--align none`` of two bfloat16 Llama (or GPT-2) folders wrote
-    float32 tensors and config while the weight-matched merge stayed bfloat16."""
+    float32 tensors and config while the weight-matched merge stayed bfloat16; so does the
+    vanilla merge of three."""
     out = tmp_path / "merged"
-    rc, _, err = cli("merge", *bf16_set[:2], "-o", out, "--align", align)
+    rc, _, err = cli("merge", *bf16_set[:n], "-o", out, "--align", align)
     assert rc == 0, err
     assert written_dtypes(out) == ({"BF16"}, "bfloat16")
