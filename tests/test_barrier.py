@@ -237,6 +237,21 @@ def test_plain_hugging_face_folders_are_a_note_before_the_table_not_a_warning(lm
     assert sum("training record" in line for line in lines) == 1
 
 
+def test_the_table_shows_a_standard_error_where_it_promises_one(lm_pair, capsys):
+    """The user's report: the table's "loss barrier (± s.e.)" never showed one. Evaluated on
+    several batches every barrier has its "±"; on one batch (this split at the default batch
+    size) there is none to give, and the table says why instead of promising one."""
+    a, b, text = lm_pair
+    argv = ["barrier", str(a), str(b), "--data", str(text), "--points", "3"]
+    assert main([*argv, "--batch-size", "2"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines()
+            if line.strip("│ ").startswith(("none", "weight"))]
+    assert len(rows) == 2 and all("±" in row for row in rows)
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "±" not in table and "one evaluation batch: no standard error" in table
+
+
 def test_cli_json_and_plot(lm_pair, tmp_path, capsys):
     a, b, text = lm_pair
     png = tmp_path / "curves.png"

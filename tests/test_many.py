@@ -368,6 +368,11 @@ def test_barrier_of_three_models_has_the_vanilla_rows_beside_the_aligned(bert_se
     assert "vanilla (none)" in table and "joint frame" in table
     pair_rows = [line for line in table.splitlines() if line.strip("│ ").startswith("1-2")]
     assert len(pair_rows) == 1 and pair_rows[0].count("±") == 5  # (each barrier's s.e.)
+    argv[argv.index("--max-batches") + 1] = "1"  # (one batch: no s.e., and no promise of one)
+    assert main([*argv, "--align", "none"]) == 0
+    table = capsys.readouterr().out
+    assert "±" not in table and "one evaluation batch: no standard error" in table
+    argv[argv.index("--max-batches") + 1] = "2"
     assert main([*argv, "--align", "none", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["merged"] is None and r["frame"] is None and r["vanilla"]["merged"]["loss"] > 0

@@ -126,12 +126,15 @@ class _Vanilla:
 def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
                  weights: Sequence[float] | None = None, frame: str = "mergemany",
                  method: str = "weight", vanilla: bool = False, points: int = 11,
-                 split: str = "test", max_batches: int | None = None, max_rounds: int = 10,
+                 split: str = "test", max_batches: int | None = None,
+                 batch_size: int | None = None, max_rounds: int = 10,
                  tokenizer: str | Tokenizer | None = None,
                  options: AlignOptions | None = None,
                  alone: AlignOptions | None = None) -> ManyReport:
     """Merge ``models`` (folders, LoadedModels or CanonicalModels; 2 or more) in one frame and
     evaluate the merge and every pair on ``split`` of ``data`` (see the module's docstring).
+    ``batch_size``: windows or images per evaluation batch (default: the task's, see
+    :func:`glmc.evaluate.default_batch_size`).
     ``alone``: how each pair is aligned alone for comparison (default: as ``options`` align
     the frame; e.g. the library's defaults for the pairs beside a longer joint refinement).
     ``vanilla``, or ``method="none"`` (no frame: those rows alone): the vanilla rows, which
@@ -153,8 +156,8 @@ def many_barrier(models: Sequence[Any], data: str | Path | Dataset, *,
     as_loaded = _Vanilla(loaded, canon) if vanilla else None
     ds, _ = load_pair_data(data, canon[0].config, loaded, tokenizer=tokenizer)
     ctx = check_data_fits(canon[0].config, ds, split=split, where=names[0])
-    batches = fixed_batches(ds, split, batch_size=default_batch_size(canon[0].config, ctx),
-                            context=ctx, max_batches=max_batches)
+    batches = fixed_batches(ds, split, context=ctx, max_batches=max_batches,
+                            batch_size=batch_size or default_batch_size(canon[0].config, ctx))
     ev = Evaluator(canon[0].config, batches)
     lambdas = lambda_grid(points)
     endpoints = [_result(ev.evaluate(m.state)) for m in canon]

@@ -105,6 +105,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, check=check)
 
 
+#: Under a table whose barriers have no standard error (the evaluation is one batch).
+NO_SE = ("(one evaluation batch: no standard error to give; a --batch-size under the split's "
+         "windows or images gives one)")
+
+
 def _fmt(x: float | None, percent: bool = False) -> str:
     if x is None or not math.isfinite(x):
         return "n/a" if x is None else str(x)
@@ -119,7 +124,9 @@ def print_table(report: BarrierReport, out: Console) -> None:
     t = Table(title=f"{report.split} barriers, {len(report.lambdas)} points, "
                     f"{report.count:,} {report.targets}")
     t.add_column("method", no_wrap=True)
-    t.add_column("loss barrier (± s.e.)", justify="right", no_wrap=True)
+    with_se = any(m.loss_barrier_se is not None for m in report.methods.values())
+    t.add_column("loss barrier (± s.e.)" if with_se else "loss barrier", justify="right",
+                 no_wrap=True)
     if cls:
         t.add_column("acc. barrier (pts)", justify="right", no_wrap=True)
     t.add_column("loss A (λ=1)", justify="right")
@@ -140,6 +147,8 @@ def print_table(report: BarrierReport, out: Console) -> None:
         row += [where, f"{m.align_seconds + m.eval_seconds:.1f}"]
         t.add_row(*row)
     out.print(t)
+    if not with_se:
+        out.print(NO_SE)
     if report.scoring:
         out.print(f"({report.scoring})")
 
@@ -270,7 +279,8 @@ def run_many(args: argparse.Namespace) -> int:
     report = many_barrier(models, args.data, weights=args.weight_list, frame=args.frame,
                           method=args.align, vanilla="none" in args.methods,
                           points=args.points, split=args.split, max_batches=args.max_batches,
-                          tokenizer=args.tokenizer, options=options)
+                          batch_size=args.batch_size, tokenizer=args.tokenizer,
+                          options=options)
     print_warnings(report.warnings)
     if args.json:
         emit_json(report.to_json())
@@ -321,15 +331,19 @@ def print_pairs(report: Any, out: Console) -> None:
             "pair alone": lambda r: _pm(r["barrier_pairwise"], r["barrier_pairwise_se"], 4),
             "joint − alone": lambda r: _pm(r["excess"], r["excess_se"], 4),
             "ratio": lambda r: _pm(r["ratio"], r["ratio_se"], 2)}
+    with_se = any(v is not None for r in report.pairs for k, v in r.items()
+                  if k.endswith("_se"))
     p = Table(title="pairwise loss barriers: " + ", ".join(
         (["as loaded (vanilla)"] if report.vanilla is not None else [])
         + (["in the joint frame, and the pair aligned alone"] if report.merged is not None
-           else [])) + "; ± a standard error over the evaluation batches")
+           else [])) + ("; ± a standard error over the evaluation batches" if with_se else ""))
     for col in columns:
         p.add_column(col, justify="right")
     for r in report.pairs:
         p.add_row(*(cell(r) for cell in columns.values()))
     out.print(p)
+    if not with_se:
+        out.print(NO_SE)
 
 
 def _pm(x: float | None, se: float | None, digits: int) -> str:
