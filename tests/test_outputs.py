@@ -779,7 +779,8 @@ def bf16_set(request, h, tmp_path) -> list[Path]:
     return folders
 
 
-@pytest.mark.parametrize(("align", "n"), [("none", 2), ("weight", 2), ("none", 3)])
+@pytest.mark.parametrize(("align", "n"), [("none", 2), ("weight", 2), ("canonical", 2),
+                                         ("none", 3)])
 def test_a_merge_of_bfloat16_folders_stays_bfloat16(cli, bf16_set, tmp_path, align, n):
     """The user's report: ``--align none`` of two bfloat16 Llama (or GPT-2) folders wrote
     float32 tensors and config while the weight-matched merge stayed bfloat16; so does the
