@@ -332,7 +332,8 @@ def split_warnings(models: Sequence[Any]) -> list[str]:
     if not missing:
         return []
     verb = "holds" if len(missing) == 1 else "hold"
-    return [Note(f"{' and '.join(missing)} {verb} no training record ({TRAIN_FILE}, written "
+    names = " and ".join([", ".join(missing[:-1]), missing[-1]] if len(missing) > 1 else missing)
+    return [Note(f"{names} {verb} no training record ({TRAIN_FILE}, written "
                  "by glmc train): the test split's independence from the models' training "
                  "data cannot be checked")]
 
