@@ -162,10 +162,11 @@ def with_nonfinite(value: float) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def other_model(key: str = "b", **config) -> Build:
-    """A GPT-2 (or, with ``arch="vit"``, a ViT) of another configuration as ``key``."""
+    """A GPT-2 (or, with ``arch="vit"`` or ``"llama"``, a ViT or Llama) of another
+    configuration as ``key``."""
     def build(env: Env) -> None:
         arch = config.get("arch", "gpt2")
-        cfg = {**(GPT if arch == "gpt2" else VIT), **config}
+        cfg = {**(VIT if arch == "vit" else GPT), **config}
         cfg.pop("arch", None)
         env.h.make_tiny(arch, seed=5, dtype=torch.float32, **cfg).stock.save_pretrained(
             env.tmp / key)
@@ -390,6 +391,13 @@ CASES: dict[str, Case] = {
     "different-widths": Case(
         other_model(d=32), "merge {a} {b} -o {out}",
         "the models differ in n_embd (16 in A, 32 in B)"),
+    # (the user's report: "B is wider than A ... swap A and B", and the swap said the same)
+    "llama-vs-gpt2": Case(other_model(arch="llama", d=32), "align {b} {a} -o {out}",
+                          "{b} vs {a}: the models are of different architectures: A is "
+                          "llama, B is gpt2"),
+    "gpt2-vs-llama": Case(other_model(arch="llama", d=32), "align {a} {b} -o {out}",
+                          "{a} vs {b}: the models are of different architectures: A is "
+                          "gpt2, B is llama"),
     "different-depths": Case(other_model(n_layer=2), "barrier {a} {b} --data {text}",
                              "the models differ in n_layer (1 in A, 2 in B)"),
     "different-vocabularies": Case(

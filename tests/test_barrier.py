@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import shutil
 from pathlib import Path
@@ -210,6 +211,45 @@ def test_weight_matching_removes_a_planted_symmetry(h, tmp_path):
 
 
 # -- the command line ---------------------------------------------------------------------
+
+
+def test_plain_hugging_face_folders_are_a_note_before_the_table_not_a_warning(lm_pair,
+                                                                           tmp_path):
+    """The user's report: every barrier of Hugging Face folders (no glmc training record)
+    ended with a "no training record" warning, read as a failure though the barrier is
+    fine: it is one ``note:`` line, on stderr before the table (on stdout)."""
+    import subprocess
+    import sys
+
+    a, b, _ = lm_pair
+    text = tmp_path / "longer.txt"  # (a test split of more than 100 targets: no warning)
+    rng = random.Random(1)
+    text.write_text("".join(rng.choice(CHARS) for _ in range(6000)))
+    run = subprocess.run([sys.executable, "-c", "import sys; from glmc.cli.main import main; "
+                          "sys.exit(main(sys.argv[1:]))", "barrier", str(a), str(b), "--data",
+                          str(text), "--points", "3"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, check=False,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    assert run.returncode == 0, run.stdout
+    lines = run.stdout.splitlines()  # (stderr and stdout in the order written)
+    assert lines[0].startswith(f"note: {a} and {b} hold no training record"), run.stdout
+    assert "barriers" in lines[1] and "warning" not in run.stdout
+    assert sum("training record" in line for line in lines) == 1
+
+
+def test_the_table_shows_a_standard_error_where_it_promises_one(lm_pair, capsys):
+    """The user's report: the table's "loss barrier (± s.e.)" never showed one. Evaluated on
+    several batches every barrier has its "±"; on one batch (this split at the default batch
+    size) there is none to give, and the table says why instead of promising one."""
+    a, b, text = lm_pair
+    argv = ["barrier", str(a), str(b), "--data", str(text), "--points", "3"]
+    assert main([*argv, "--batch-size", "2"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines()
+            if line.strip("│ ").startswith(("none", "weight"))]
+    assert len(rows) == 2 and all("±" in row for row in rows)
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "±" not in table and "one evaluation batch: no standard error" in table
 
 
 def test_cli_json_and_plot(lm_pair, tmp_path, capsys):

@@ -250,6 +250,46 @@ def test_merge_of_three_models_by_universe_matching(bert_set, tmp_path, capsys):
     AutoModelForMaskedLM.from_pretrained(out, local_files_only=True)
 
 
+def test_vanilla_merge_of_three_models_is_the_mean_of_their_stock_weights(bert_set, tmp_path,
+                                                                        capsys):
+    """``--align none`` of three models (refused before: "3 models are aligned by weight
+    matching"): the paper's vanilla baseline, each stock tensor written the mean of the
+    three as loaded, to the last bit (float64 sums, rounded once), in no frame."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from glmc.cli.main import main
+
+    out = tmp_path / "vanilla"
+    assert main(["merge", *bert_set, "-o", str(out), "--align", "none", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["align"] == "none" and report["format"] == "hf"
+    assert report["frame"]["method"] == "none" and report["cycle_error_pairwise"] is None
+    inputs = [load_file(f"{m}/model.safetensors") for m in bert_set]
+    written = load_file(out / "model.safetensors")
+    assert set(written) == set(inputs[0])
+    for name, t in written.items():
+        want = (sum(s[name].double() for s in inputs) / 3).to(t.dtype)
+        assert torch.equal(t, want), name
+    assert main(["merge", *bert_set, "-o", str(tmp_path / "w"), "--align", "none",
+                 "--weights", "0.5,0.25,0.25"]) == 0
+    assert "0.5·M1 + 0.25·M2 + 0.25·M3" in capsys.readouterr().out
+
+
+def test_vanilla_merge_of_two_models_is_the_pairs(bert_set, tmp_path):
+    """The N-model ``none`` of two models is the pair's ``--align none``, bit for bit: the
+    same stock tensors, the same canonical model."""
+    import glmc.api
+
+    many = glmc.api.merge_many(bert_set[:2], method="none", weights=[0.7, 0.3])
+    pair = glmc.api.merge_pair(bert_set[0], bert_set[1], alpha=0.7, method="none")
+    (_, s_many), (_, s_pair) = many.stock_state, pair.stock_state
+    assert s_many.keys() == s_pair.keys()
+    assert all(torch.equal(s_many[k], s_pair[k]) for k in s_pair)
+    assert all(torch.equal(many.model.state[k], pair.model.state[k]) for k in pair.model.state)
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     (["--weights", "0.5,0.5"], "give 3 weights >= 0 that sum to 1"),
     (["--align", "learned"], "reads training data: give --data"),
@@ -308,6 +348,40 @@ def test_barrier_of_three_models_reports_the_merge_and_every_pair(bert_set, caps
     assert star_pair["barrier_joint"] == pytest.approx(star_pair["barrier_pairwise"], rel=1e-6)
     assert r["endpoints_mean_loss"] == pytest.approx(
         sum(e["loss"] for e in r["endpoints"]) / 3)
+
+
+def test_barrier_of_three_models_has_the_vanilla_rows_beside_the_aligned(bert_set, capsys):
+    """``--align none --align weight`` (refused before): the vanilla average's row beside the
+    merged model's, and every pair's unaligned barrier beside its barrier in the frame, each
+    with its standard error; the vanilla pair is the pair's own ``--align none`` barrier."""
+    import json
+
+    from glmc.barrier import run_barrier
+    from glmc.cli.main import main
+
+    argv = ["barrier", *bert_set, "--data", "shakespeare", "--max-batches", "2", "--points",
+            "3", "--frame", "star"]
+    assert main([*argv, "--align", "none", "--align", "weight"]) == 0
+    table = capsys.readouterr().out
+    assert "vanilla average (none), uniform weights" in table
+    assert "merged, uniform weights" in table
+    assert "vanilla (none)" in table and "joint frame" in table
+    pair_rows = [line for line in table.splitlines() if line.strip("│ ").startswith("1-2")]
+    assert len(pair_rows) == 1 and pair_rows[0].count("±") == 5  # (each barrier's s.e.)
+    argv[argv.index("--max-batches") + 1] = "1"  # (one batch: no s.e., and no promise of one)
+    assert main([*argv, "--align", "none"]) == 0
+    table = capsys.readouterr().out
+    assert "±" not in table and "one evaluation batch: no standard error" in table
+    argv[argv.index("--max-batches") + 1] = "2"
+    assert main([*argv, "--align", "none", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["merged"] is None and r["frame"] is None and r["vanilla"]["merged"]["loss"] > 0
+    assert all(set(p) == {"pair", "barrier_vanilla", "barrier_vanilla_se"} for p in r["pairs"])
+    alone = run_barrier(bert_set[0], bert_set[1], "shakespeare", methods=("none",), points=3,
+                        max_batches=2).methods["none"]
+    assert r["pairs"][0]["barrier_vanilla"] == pytest.approx(alone.loss_barrier, rel=1e-6)
+    assert r["pairs"][0]["barrier_vanilla_se"] == pytest.approx(alone.loss_barrier_se,
+                                                                rel=1e-6)
 
 
 def test_barrier_of_three_models_refined_by_learned_matching(bert_set, capsys):

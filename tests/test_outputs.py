@@ -753,3 +753,39 @@ def test_barrier_shows_its_progress_per_point_on_a_terminal(cli, models, termina
     rc, out, err = cli("barrier", a, b, "--data", text, "--points", "4", "--align", "none",
                        "--json")
     assert rc == 0 and terminal.getvalue() == ""  # (--json: stderr keeps to warnings)
+
+
+# -- outputs keep the inputs' dtype ------------------------------------------------------------
+
+
+def written_dtypes(folder: Path) -> tuple[set[str], str | None]:
+    """The dtypes of ``folder``'s safetensors (the header's names) and its config's dtype."""
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118
+    config = json.loads((folder / "config.json").read_text())
+    return dtypes, config.get("dtype", config.get("torch_dtype"))
+
+
+@pytest.fixture(params=["llama", "gpt2"])
+def bf16_set(request, h, tmp_path) -> list[Path]:
+    """Three stock folders of one architecture stored in bfloat16."""
+    folders = []
+    for seed in range(3):
+        folder = tmp_path / f"{request.param}-{seed}"
+        h.make_tiny(request.param, seed=seed).stock.to(torch.bfloat16).save_pretrained(folder)
+        folders.append(folder)
+    return folders
+
+
+@pytest.mark.parametrize(("align", "n"), [("none", 2), ("weight", 2), ("canonical", 2),
+                                         ("none", 3)])
+def test_a_merge_of_bfloat16_folders_stays_bfloat16(cli, bf16_set, tmp_path, align, n):
+    """The user's report: ``--align none`` of two bfloat16 Llama (or GPT-2) folders wrote
+    float32 tensors and config while the weight-matched merge stayed bfloat16; so does the
+    vanilla merge of three."""
+    out = tmp_path / "merged"
+    rc, _, err = cli("merge", *bf16_set[:n], "-o", out, "--align", align)
+    assert rc == 0, err
+    assert written_dtypes(out) == ({"BF16"}, "bfloat16")

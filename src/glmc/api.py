@@ -40,7 +40,16 @@ from glmc.matching.options import FRAMES, MANY_METHODS, simplex_weights
 from glmc.matching.weight import centred_pair, weight_matching
 from glmc.methods import Alignment, AlignOptions, get_method, statistics_batches
 from glmc.model import CanonicalModel
-from glmc.pair import StockPair, prepare_pair, shared_tokenizer, stock_pair
+from glmc.pair import (
+    StockPair,
+    StockSet,
+    prepare_pair,
+    shared_tokenizer,
+    stock_average,
+    stock_pair,
+    stock_set,
+)
+from glmc.symmetry.transform import Transform
 from glmc.tensors import StateDict, interpolate
 from glmc.writing import (
     certify_saved,
@@ -57,7 +66,8 @@ __all__ = ["Alignment", "AlignOptions", "ManyMerge", "Merge", "ModelLike", "Stoc
            "learning_data", "load", "merge", "merge_many", "merge_pair", "name_of",
            "prepare_pair",
            "read_state_dict", "read_token_counts", "save", "save_alignment", "save_canonical",
-           "save_certified", "shared_tokenizer", "stock_pair", "write_report"]
+           "save_certified", "shared_tokenizer", "StockSet", "stock_pair", "stock_set",
+           "write_report"]
 
 
 def load(path: str | Path, *, allow_pickle: bool = False) -> LoadedModel:
@@ -253,6 +263,9 @@ class ManyMerge:
     model: CanonicalModel
     frame: Frame
     settings: dict[str, Any] = field(default_factory=dict)
+    #: ``none`` on Hugging Face folders: the stock config and the averaged stock state dict
+    #: (written as is: the vanilla average in its own class).
+    stock_state: tuple[Any, StateDict] | None = None
 
     def save(self, path: str | Path, *, force: bool = False, stock: bool = True,
              report: dict | None = None, started: float | None = None) -> dict:
@@ -260,7 +273,7 @@ class ManyMerge:
         return save(self.model, path, force=force, stock=stock,
                     report={"command": "merge", **self.settings,
                             "frame": self.frame.to_json()} | (report or {}),
-                    started=started)
+                    stock_state=self.stock_state, started=started)
 
 
 def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None = None,
@@ -272,8 +285,10 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
     ``frame``: ``"mergemany"`` (each model in turn aligned to the mean of the others, from
     the star alignment), ``"star"`` (each aligned to the first) or ``"universe"`` (every
     model's map found at once by Frank-Wolfe, from the star; see
-    :mod:`glmc.matching.universe`). ``method``:
-    ``"weight"`` or ``"weight-perm"`` (the residual stream permuted), or ``"learned"`` /
+    :mod:`glmc.matching.universe`). ``method``: ``"none"``, no frame: the paper's vanilla
+    average of the stock weights as loaded (Hugging Face folders or LoadedModels; with two
+    models :func:`merge_pair`'s, bit for bit), ``"weight"`` or ``"weight-perm"`` (the residual
+    stream permuted), or ``"learned"`` /
     ``"learned-perm"`` (with ``data=``): the frame refined by learned matching over the
     simplex, λ ~ Dirichlet(α) at each step (``dirichlet_alpha=``, default 3). With two
     models, ``star`` and a weight method are :func:`merge` with that method.
@@ -290,9 +305,9 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
         raise GlmcError(f"unknown frame {frame!r} ({', '.join(FRAMES)})")
     m = get_method(method)
     if method not in MANY_METHODS:
-        raise GlmcError(f"merging {len(models)} models aligns them by weight matching, then "
-                        f"optionally learned matching ({', '.join(MANY_METHODS)}), not "
-                        f"{method}")
+        raise GlmcError(f"merging {len(models)} models averages them as loaded (none) or "
+                        "aligns them by weight matching, then optionally learned matching "
+                        f"({', '.join(MANY_METHODS)}), not {method}")
     n = len(models)
     if n < 2:
         raise GlmcError(f"merging needs at least 2 models, got {n}")
@@ -311,7 +326,14 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
     if m.data:
         learn, _ = learning_data(first, opts.data, opts.tokenizer, names[0], models=models,
                                  data_seed=opts.data_seed, method=method)
+    if m.stock and opts.heads != "inner":
+        raise GlmcError("heads='circuit' does not apply to align method none (the stock "
+                        "weights are averaged as loaded); use canonical")
     canon = [prepare_pair(first, x, opts.heads)[1] for x in (first, *models[1:])]
+    if m.stock:
+        return _vanilla_many(models, canon, w, batches, opts.correction,
+                             {"models": names, "weights": w, "align": method,
+                              "correction": opts.correction})
     wm = opts.weight_matching()
     found = find_frame(frame, canon, wm, max_rounds=max_rounds, seed=opts.seed or 0)
     learned = None
@@ -334,6 +356,24 @@ def merge_many(models: Sequence[ModelLike], *, weights: Sequence[float] | None =
     if learned is not None:
         settings["learned"] = learned.to_json()
     return ManyMerge(merged, found, settings)
+
+
+def _vanilla_many(models: Sequence[ModelLike], canon: list[CanonicalModel], w: list[float],
+                  batches: Any, correction: str, settings: dict[str, Any]) -> ManyMerge:
+    """The paper's vanilla average Σ w_k·θ_k of the weights as loaded, in no frame: the stock
+    weights of Hugging Face folders (written as is), a family's own where they are its
+    canonical ones (as :func:`merge_pair` averages two); then the correction, if any."""
+    stock_state = None
+    if canon[0].family.canonical_is_stock:
+        merged = canon[0].with_state(stock_average([x.state for x in canon], w))
+    else:
+        stock = stock_set(models)
+        stock_state = (stock.hf_config, stock.state_at(w))
+        merged = stock.model_at(w).with_files(canon[0].files)
+    if batches is not None:
+        merged, stock_state = correct_many(merged, canon, w, batches, correction), None
+    frame = Frame("none", [Transform.identity(canon[0].spec) for _ in canon])
+    return ManyMerge(merged, frame, settings | {"cycle_error_pairwise": None}, stock_state)
 
 
 def correction_data(model_a: ModelLike, model_b: ModelLike, how: str,

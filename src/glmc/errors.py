@@ -1,4 +1,4 @@
-"""User-facing errors: the CLI prints them as one line and exits with status 2."""
+"""User-facing errors (the CLI prints them as one line and exits with status 2) and notes."""
 
 
 class GlmcError(Exception):
@@ -7,6 +7,12 @@ class GlmcError(Exception):
     The message must name the file, tensor and shape involved; the CLI prints it without a
     traceback.
     """
+
+
+class Note(str):
+    """A line of a report's warnings that informs rather than warns (something that cannot
+    be checked, not something wrong): the CLI prints it as ``note:``; JSON keeps it among the
+    warnings, as text."""
 
 
 def reason(error: BaseException) -> str:

@@ -51,10 +51,10 @@ from glmc.data.batches import fixed_batches
 from glmc.data.gpt2_bpe import END_OF_TEXT_ID
 from glmc.data.splits import check_split
 from glmc.defaults import DEFAULT_TEXT_TOKENS
-from glmc.errors import GlmcError, reason
+from glmc.errors import GlmcError, Note, reason
 from glmc.families.registry import family_of
 from glmc.io.folders import canonical
-from glmc.tasks import task_of
+from glmc.tasks import MaskedLM, NoMaskToken, task_of
 from glmc.tensors import StateDict, interpolate
 
 if TYPE_CHECKING:
@@ -169,14 +169,14 @@ def load_eval_data(
     if tokenizer is None:
         tokenizer, source = _folder_tokenizer(folders)
     if tokenizer is not None and not isinstance(tokenizer, str):
-        _check_vocab(tokenizer, config, f"{source}: the tokenizer")
+        _check_vocab(tokenizer, config, f"{source}: the tokenizer", folders=folders)
     ds = _load_text(data, tokenizer, source, seed)
     if isinstance(ds, LabelledText):
         if tokenizer is None:
             raise GlmcError(f"{data}: no tokenizer is known for the model (no "
                             f"{TOKENIZER_FILE} or tokenizer.json beside it), so the text's "
                             "token ids would be a guess; pass --tokenizer")
-        _check_vocab(ds.tokenizer, config, f"{data}: the tokenizer")
+        _check_vocab(ds.tokenizer, config, f"{data}: the tokenizer", folders=folders)
     if isinstance(ds, TextDataset):
         if tokenizer is None and str(data).lower() not in DATASETS:
             raise GlmcError(f"{data}: no tokenizer is known for the model (no "
@@ -185,8 +185,12 @@ def load_eval_data(
         # (a kind named, or a named dataset's own: the advice is never the kind just tried)
         tried = ds.tokenizer.kind if tokenizer is None or isinstance(tokenizer, str) else None
         _check_vocab(ds.tokenizer, config,
-                     f"{data}: the {ds.tokenizer.kind} tokenizer of the data", tried)
-    return task.view(config, ds)
+                     f"{data}: the {ds.tokenizer.kind} tokenizer of the data", tried, folders)
+    try:
+        return task.view(config, ds)
+    except NoMaskToken as e:
+        raise GlmcError(f"{e}; {_mask_fix(folders, 'ID (the id the model reads as its mask)')}"
+                        ", or evaluate it with its own tokenizer.json beside it") from None
 
 
 #: How to give text a tokenizer (the command-line option, or ``tokenizer=`` in Python).
@@ -212,13 +216,33 @@ def tokenizer_fix(vocab: int, tried: str | None = None) -> str:
             f"trained on, or put the model's {TOKENIZER_FILE} beside it")
 
 
-def _check_vocab(tokenizer: Tokenizer, config: Any, what: str, tried: str | None = None) -> None:
-    vocab = task_of(config).text_vocab(config)
+def _check_vocab(tokenizer: Tokenizer, config: Any, what: str, tried: str | None = None,
+                 folders: Sequence[Any] = ()) -> None:
+    """A GlmcError unless ``tokenizer``'s ids are the model's (``folders``: the models, named
+    when a masked LM's config lacks the mask token that the one id more would be)."""
+    task = task_of(config)
+    vocab = task.text_vocab(config)
     if not fits_vocabulary(tokenizer, vocab):
         size = tokenizer.vocab_size
+        if (isinstance(task, MaskedLM) and getattr(config, "mask_token_id", None) is None
+                and size == vocab - 1):  # (the mask appended after the text's tokens)
+            raise GlmcError(f"{what} has {size} tokens, the model's vocabulary {vocab}: one "
+                            "more, as a mask token appended after them would make, but the "
+                            f"model's config names no mask token; if that is its mask, "
+                            f"{_mask_fix(folders, str(vocab - 1))}")
         raise GlmcError(f"{what} has {size} tokens, the model's vocabulary {vocab}; "
                         "the token ids would not be the model's "
                         f"({tokenizer_fix(vocab, tried)})")
+
+
+def _mask_fix(folders: Sequence[Any], mask: str) -> str:
+    """What a masked LM's config needs added to name its ``mask`` token id, and where."""
+    from glmc.io.folders import name_of
+
+    names = [n for n in dict.fromkeys(name_of(f, "") for f in folders) if n]
+    where = " and ".join(f"{n}/config.json" for n in names) or "the model's config.json"
+    return f'add "mask_token_id": {mask} to {where}'
+
 
 
 def _load_text(data: str | Path, tokenizer: str | Tokenizer | None, source: str | None,
@@ -297,7 +321,7 @@ def check_training_data(models: Sequence[Any], images: bool) -> None:
 
 
 def split_warnings(models: Sequence[Any]) -> list[str]:
-    """The warning for a pair (folders, LoadedModels or CanonicalModels) evaluated or trained
+    """The note for a pair (folders, LoadedModels or CanonicalModels) evaluated or trained
     on data when either holds no training record: whether the test split holds nothing it
     trained on cannot be checked (a record says which data and split the run used)."""
     from glmc.io.folders import TRAIN_FILE, name_of
@@ -308,9 +332,10 @@ def split_warnings(models: Sequence[Any]) -> list[str]:
     if not missing:
         return []
     verb = "holds" if len(missing) == 1 else "hold"
-    return [f"{' and '.join(missing)} {verb} no training record ({TRAIN_FILE}, written by "
-            "glmc train): the test split's independence from the models' training data "
-            "cannot be checked"]
+    names = " and ".join([", ".join(missing[:-1]), missing[-1]] if len(missing) > 1 else missing)
+    return [Note(f"{names} {verb} no training record ({TRAIN_FILE}, written "
+                 "by glmc train): the test split's independence from the models' training "
+                 "data cannot be checked")]
 
 
 def split_seed(models: Sequence[Any], data_seed: int | None = None) -> int:

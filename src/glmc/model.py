@@ -102,6 +102,18 @@ class CanonicalModel:
         return sum(v.numel() for v in self.state.values())
 
 
+def check_architectures(a: CanonicalModel, b: CanonicalModel, where: str = "",
+                        known: bool = False) -> None:
+    """A GlmcError naming both when the models were read from different stock architectures
+    (``A is llama, B is gpt2``): checked before their shapes or fields are compared.
+    ``known``: only when both say theirs (a glmc folder says none)."""
+    arch_a, arch_b = (m.config.source.get("arch") if isinstance(
+        getattr(m.config, "source", None), dict) else None for m in (a, b))
+    if arch_a != arch_b and not (known and None in (arch_a, arch_b)):
+        raise GlmcError(f"{where + ': ' if where else ''}the models are of different "
+                        f"architectures: A is {arch_a}, B is {arch_b}")
+
+
 def fitted(a: CanonicalModel, b: CanonicalModel, where: str = "") -> CanonicalModel:
     """B as a model of A's shapes: B itself when they agree, else B embedded exactly into
     A's widths by its family (a narrower B; see ``Family.embed_into``), or a GlmcError."""
@@ -110,6 +122,7 @@ def fitted(a: CanonicalModel, b: CanonicalModel, where: str = "") -> CanonicalMo
     if getattr(a.config, "source", None) is not None and (
             a.config.replace(source={}) == b.config.replace(source={})):
         return b  # (the same model shapes, from stock configs that differ in their names)
+    check_architectures(a, b, where, known=True)  # (a Llama is no wider GPT-2)
     return b.family.embed_into(b, a.config, where)
 
 
@@ -121,11 +134,7 @@ def check_pair(a: CanonicalModel, b: CanonicalModel, where: str = "") -> None:
     mismatch = (set(a.state) != set(b.state)
                 or any(ta.shape != b.state[n].shape for n, ta in a.state.items()))
     if mismatch:
-        arch_a, arch_b = (m.config.source.get("arch") if isinstance(
-            getattr(m.config, "source", None), dict) else None for m in (a, b))
-        if arch_a != arch_b:
-            raise GlmcError(f"{at}the models are of different architectures ({arch_a} in A, "
-                            f"{arch_b} in B)")
+        check_architectures(a, b, where)
         diff = a.config.differences(b.config) if type(a.config) is type(b.config) else []
         if diff:
             more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""

@@ -140,6 +140,11 @@ class CausalLM(TokenTask):
 MASK_TOKENS = ("[MASK]", "<mask>")
 
 
+class NoMaskToken(GlmcError):
+    """A masked LM evaluated on text whose mask token neither its config nor the tokenizer
+    names (:func:`glmc.evaluate.load_eval_data` says what to add to which config)."""
+
+
 class MaskedLM(CausalLM):
     """A masked-language model: text windows with 15% of the tokens masked (80/10/10), the
     masks drawn from a generator seeded by ``MASK_SEED``; the loss is over masked tokens."""
@@ -161,10 +166,9 @@ class MaskedLM(CausalLM):
             found = lookup(token)
             if found is not None:
                 return int(found)
-        raise GlmcError(f"dataset '{dataset.name}': no mask token is known for this "
-                        "masked-language model (its config has no mask_token_id and the "
-                        f"tokenizer no {' or '.join(MASK_TOKENS)}); evaluate it with its own "
-                        "tokenizer.json beside it")
+        raise NoMaskToken(f"dataset '{dataset.name}': no mask token is known for this "
+                          "masked-language model (its config has no mask_token_id and the "
+                          f"tokenizer no {' or '.join(MASK_TOKENS)})")
 
     def text_vocab(self, config: Any) -> int:
         appended = getattr(config, "mask_token_id", None) == config.vocab_size - 1

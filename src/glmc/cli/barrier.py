@@ -47,10 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "models or more: all brought into one frame by weight matching (--frame; --align "
         "learned refines it on the simplex), the "
         "merged model (uniform, and --weights) beside each model and their mean, and every "
-        "pair's barrier in the joint frame beside its barrier aligned on its own.",
+        "pair's barrier in the joint frame beside its barrier aligned on its own; --align "
+        "none adds the vanilla rows (the weights averaged as loaded, every pair's barrier "
+        "unaligned), or gives them alone.",
         "glmc barrier runs/vit-a runs/vit-b --data mnist5k --align none --align weight "
         "--plot barrier.png\n  glmc barrier runs/a runs/b runs/c --data mnist5k\n"
-        "  glmc barrier runs/a runs/b runs/c --data mnist5k --align learned")
+        "  glmc barrier runs/a runs/b runs/c --data mnist5k --align learned\n"
+        "  glmc barrier runs/a runs/b runs/c --data mnist5k --align none --align weight")
     p.add_argument("models", nargs="+", metavar="M",
                    help="model folders A (λ = 1, the reference) and B (λ = 0, aligned to "
                    "A), or M1 M2 ... Mn")
@@ -102,6 +105,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, check=check)
 
 
+#: Under a table whose barriers have no standard error (the evaluation is one batch).
+NO_SE = ("(one evaluation batch: no standard error to give; a --batch-size under the split's "
+         "windows or images gives one)")
+
+
 def _fmt(x: float | None, percent: bool = False) -> str:
     if x is None or not math.isfinite(x):
         return "n/a" if x is None else str(x)
@@ -116,7 +124,9 @@ def print_table(report: BarrierReport, out: Console) -> None:
     t = Table(title=f"{report.split} barriers, {len(report.lambdas)} points, "
                     f"{report.count:,} {report.targets}")
     t.add_column("method", no_wrap=True)
-    t.add_column("loss barrier (± s.e.)", justify="right", no_wrap=True)
+    with_se = any(m.loss_barrier_se is not None for m in report.methods.values())
+    t.add_column("loss barrier (± s.e.)" if with_se else "loss barrier", justify="right",
+                 no_wrap=True)
     if cls:
         t.add_column("acc. barrier (pts)", justify="right", no_wrap=True)
     t.add_column("loss A (λ=1)", justify="right")
@@ -137,6 +147,8 @@ def print_table(report: BarrierReport, out: Console) -> None:
         row += [where, f"{m.align_seconds + m.eval_seconds:.1f}"]
         t.add_row(*row)
     out.print(t)
+    if not with_se:
+        out.print(NO_SE)
     if report.scoring:
         out.print(f"({report.scoring})")
 
@@ -165,10 +177,12 @@ def check(args: argparse.Namespace) -> None:
     args.a, args.b = args.models[:2]
     if len(args.models) > 2:
         methods = list(dict.fromkeys(args.methods or ["weight"]))
-        if len(methods) > 1 or args.plot:
+        aligning = [m for m in methods if m != "none"]
+        if len(aligning) > 1 or args.plot:
             raise GlmcError(f"{len(args.models)} models are brought into one frame by one "
-                            "method: give at most one --align, and no --plot")
-        args.methods, args.align = methods, methods[0]
+                            "method: give at most one --align besides --align none (the "
+                            "vanilla rows), and no --plot")
+        args.methods, args.align = methods, (aligning or ["none"])[0]
         check_many_method(args)
     elif args.weights is not None:
         raise GlmcError("--weights is for three models or more")
@@ -263,16 +277,20 @@ def run_many(args: argparse.Namespace) -> int:
     options = alignment_options(args, getattr(models[0].canonical.config, "vocab_size", None),
                                 seed=args.seed)
     report = many_barrier(models, args.data, weights=args.weight_list, frame=args.frame,
-                          method=args.methods[0], points=args.points, split=args.split,
-                          max_batches=args.max_batches, tokenizer=args.tokenizer,
+                          method=args.align, vanilla="none" in args.methods,
+                          points=args.points, split=args.split, max_batches=args.max_batches,
+                          batch_size=args.batch_size, tokenizer=args.tokenizer,
                           options=options)
+    print_warnings(report.warnings)
     if args.json:
         emit_json(report.to_json())
         return 0
     out = Console() if sys.stdout.isatty() else Console(width=120)
     acc = report.endpoints[0]["accuracy"] is not None
+    how = ", ".join((["vanilla"] if report.vanilla else [])
+                    + ([report.frame["method"]] if report.frame else []))
     t = Table(title=f"{report.split}: {len(report.models)} models and their merge "
-                    f"({report.frame['method']}), {report.count:,} {report.targets}")
+                    f"({how}), {report.count:,} {report.targets}")
     t.add_column("model")
     t.add_column("loss", justify="right")
     if acc:
@@ -284,20 +302,48 @@ def run_many(args: argparse.Namespace) -> int:
     for name, r in zip(report.models, report.endpoints, strict=True):
         row(name, r)
     t.add_row("mean of the models", _fmt(report.mean_loss), *([""] if acc else []))
-    row("merged, uniform weights", report.merged)
+    if report.vanilla is not None:
+        row("vanilla average (none), uniform weights", report.vanilla["merged"])
+        if report.vanilla["merged_weighted"] is not None:
+            row(f"vanilla average (none), weights {args.weights}",
+                report.vanilla["merged_weighted"])
+    if report.merged is not None:
+        row("merged, uniform weights", report.merged)
     if report.merged_weighted is not None:
         row(f"merged, weights {args.weights}", report.merged_weighted)
     out.print(t)
-    p = Table(title="pairwise loss barriers: in the joint frame, and the pair aligned alone "
-                    "(± a standard error over the evaluation batches)")
-    for col in ("pair", "joint frame", "pair alone", "joint − alone", "ratio"):
+    print_pairs(report, out)
+    return 0
+
+
+def print_pairs(report: Any, out: Console) -> None:
+    """The pairs of a :class:`~glmc.many.ManyReport`: the vanilla barrier (none), the barrier
+    in the joint frame, the pair aligned alone, the excess and the ratio (those measured)."""
+    from rich.table import Table
+
+    columns = {"pair": lambda r: f"{r['pair'][0]}-{r['pair'][1]}"}
+    if report.vanilla is not None:
+        columns["vanilla (none)"] = lambda r: _pm(r["barrier_vanilla"],
+                                                  r["barrier_vanilla_se"], 4)
+    if report.merged is not None:
+        columns |= {
+            "joint frame": lambda r: _pm(r["barrier_joint"], r["barrier_joint_se"], 4),
+            "pair alone": lambda r: _pm(r["barrier_pairwise"], r["barrier_pairwise_se"], 4),
+            "joint − alone": lambda r: _pm(r["excess"], r["excess_se"], 4),
+            "ratio": lambda r: _pm(r["ratio"], r["ratio_se"], 2)}
+    with_se = any(v is not None for r in report.pairs for k, v in r.items()
+                  if k.endswith("_se"))
+    p = Table(title="pairwise loss barriers: " + ", ".join(
+        (["as loaded (vanilla)"] if report.vanilla is not None else [])
+        + (["in the joint frame, and the pair aligned alone"] if report.merged is not None
+           else [])) + ("; ± a standard error over the evaluation batches" if with_se else ""))
+    for col in columns:
         p.add_column(col, justify="right")
     for r in report.pairs:
-        p.add_row(f"{r['pair'][0]}-{r['pair'][1]}", _fmt(r["barrier_joint"]),
-                  _fmt(r["barrier_pairwise"]), _pm(r["excess"], r["excess_se"], 4),
-                  _pm(r["ratio"], r["ratio_se"], 2))
+        p.add_row(*(cell(r) for cell in columns.values()))
     out.print(p)
-    return 0
+    if not with_se:
+        out.print(NO_SE)
 
 
 def _pm(x: float | None, se: float | None, digits: int) -> str:

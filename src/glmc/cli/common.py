@@ -64,10 +64,12 @@ def print_notes(report: dict) -> None:
 
 def print_warnings(warnings: list[str]) -> None:
     """Each warning on stderr, one line each (not wrapped at the terminal's width; a path's
-    brackets are not markup)."""
+    brackets are not markup); a :class:`~glmc.errors.Note` as ``note:``."""
     from rich.markup import escape
 
     from glmc.cli.common import console  # (made on first use, see __getattr__)
+    from glmc.errors import Note
 
     for w in warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(w)}", soft_wrap=True)
+        kind = "note:" if isinstance(w, Note) else "[yellow]warning:[/yellow]"
+        console.print(f"{kind} {escape(w)}", soft_wrap=True)

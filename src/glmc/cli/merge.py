@@ -42,13 +42,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Merge two models: alpha·A + (1 − alpha)·π(B), with B aligned to A first "
         "(--align weight or learned) or not (--align none: the stock weights averaged as "
         "loaded; --align canonical: averaged in canonical coordinates). alpha = 1 is A. "
-        "Three models or more are brought into one frame by weight matching (--frame "
+        "Three models or more are averaged as loaded with --align none (the vanilla "
+        "baseline), or brought into one frame by weight matching (--frame "
         "mergemany: each in turn aligned to the mean of the others; star: each to the "
         "first; universe: every map at once, by Frank-Wolfe), refined by learned matching over "
         "the simplex with --align learned, and averaged with --weights (uniform by default), "
         "in M1's coordinates.",
         "glmc merge runs/gpt-a runs/gpt-b -o runs/merged --alpha 0.5 --align weight\n"
         "  glmc merge runs/a runs/b runs/c -o runs/merged3 --weights 0.5,0.25,0.25\n"
+        "  glmc merge runs/a runs/b runs/c -o runs/vanilla3 --align none\n"
         "  glmc merge runs/a runs/b runs/c -o runs/merged3 --frame universe\n"
         "  glmc merge runs/a runs/b runs/c -o runs/merged3 --align learned --data shakespeare")
     p.add_argument("models", nargs="+", metavar="M",
@@ -67,7 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--align", choices=tuple(METHODS), default="weight",
                    help="how to align B to A before averaging. none: no alignment, the "
                    "paper's vanilla average of the stock weights as loaded (Hugging Face "
-                   "folders; written as is in the stock class); canonical: no alignment, "
+                   "folders; written as is in the stock class; also of three models or "
+                   "more, with --weights); canonical: no alignment, "
                    "averaging in canonical coordinates (after the exact RMSNorm rewrite); "
                    "the other methods align first (see glmc align --help)")
     p.add_argument("--data", help="training data for --align activation or learned and for "
@@ -127,8 +130,9 @@ def _run_many(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     models = [load_model(m, allow_pickle=args.allow_pickle) for m in args.models]
-    for m in models:
-        m.stock_state = None  # (merged in canonical form)
+    if args.align != "none":
+        for m in models:
+            m.stock_state = None  # (merged in canonical form)
     with alignment_progress(args, many=True) as callbacks:
         options = alignment_options(args, getattr(models[0].canonical.config, "vocab_size",
                                                   None), **callbacks)
@@ -143,10 +147,14 @@ def _run_many(args: argparse.Namespace) -> int:
         return 0
     w = out.settings["weights"]
     frame = out.frame
-    print(f"wrote {args.out} ({report['format']}): "
-          + " + ".join(f"{x:g}·π{i + 1}(M{i + 1})" for i, x in enumerate(w))
-          + f"; frame {frame.method}, {len(frame.rounds)} round(s)"
-          + ("" if frame.converged else " (not converged)"))
+    if frame.method == "none":  # (the vanilla average: no frame)
+        print(f"wrote {args.out} ({report['format']}): "
+              + " + ".join(f"{x:g}·M{i + 1}" for i, x in enumerate(w)))
+    else:
+        print(f"wrote {args.out} ({report['format']}): "
+              + " + ".join(f"{x:g}·π{i + 1}(M{i + 1})" for i, x in enumerate(w))
+              + f"; frame {frame.method}, {len(frame.rounds)} round(s)"
+              + ("" if frame.converged else " (not converged)"))
     cycle = out.settings.get("cycle_error_pairwise")
     if cycle:
         print(f"pairwise weight matching vs the frame: cycle-consistency error "

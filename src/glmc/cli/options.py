@@ -202,18 +202,18 @@ def alignment_options(args: argparse.Namespace, vocab_size: int | None = None, *
 
 
 def check_many_method(args: argparse.Namespace) -> None:
-    """Three models or more: a method for N models (weight matching, then learned) with its
-    data and options, one process, ``--weights`` parsed into ``args.weight_list``, and the
-    memory they need (at least) available."""
+    """Three models or more: a method for N models (none, or weight matching, then learned)
+    with its data and options, one process, ``--weights`` parsed into ``args.weight_list``,
+    and the memory they need (at least) available."""
     import os
 
     from glmc.matching.options import MANY_METHODS, simplex_weights
 
     n = len(args.models)
     if args.align not in MANY_METHODS:
-        raise GlmcError(f"{n} models are aligned by weight matching, then optionally learned "
-                        f"matching (--align {', '.join(MANY_METHODS)}), not --align "
-                        f"{args.align}")
+        raise GlmcError(f"{n} models are averaged as loaded (--align none) or aligned by "
+                        "weight matching, then optionally learned matching (--align "
+                        f"{', '.join(MANY_METHODS)}), not --align {args.align}")
     if args.align.startswith("learned") and not args.data:
         raise GlmcError(f"--align {args.align} reads training data: give --data")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:

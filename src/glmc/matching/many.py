@@ -65,14 +65,16 @@ class Frame:
         return out
 
 
-def weighted_mean(states: Sequence[StateDict], weights: Sequence[float]) -> StateDict:
-    """Σ_k w_k θ_k, tensor by tensor (float64 sums, back in the first state's dtype)."""
+def weighted_mean(states: Sequence[StateDict], weights: Sequence[float],
+                  total: float = 1.0) -> StateDict:
+    """Σ_k w_k θ_k / ``total``, tensor by tensor (float64 sums, back in the first state's
+    dtype; the uniform mean to the last bit as ``weights`` of 1 and ``total`` n)."""
     out = {}
     for name, first in states[0].items():
         acc = torch.zeros(first.shape, dtype=torch.float64)
         for s, w in zip(states, weights, strict=True):
             acc += float(w) * s[name].double()
-        out[name] = acc.to(first.dtype)
+        out[name] = (acc / total if total != 1.0 else acc).to(first.dtype)
     return out
 
 

@@ -247,9 +247,9 @@ def parse_lambda(spec: str) -> tuple[str, float, float]:
 #: How N models are brought into one frame (see glmc.matching.frames): MergeMany, each to the
 #: first, or universe matching (every map at once, Frank-Wolfe).
 FRAMES: tuple[str, ...] = ("mergemany", "star", "universe")
-#: The methods N models are merged by: weight matching, then learned refinement for the last
-#: two (see glmc.api.merge_many).
-MANY_METHODS: tuple[str, ...] = ("weight", "weight-perm", "learned", "learned-perm")
+#: The methods N models are merged by: none (the vanilla average, no frame), weight matching,
+#: then learned refinement for the last two (see glmc.api.merge_many).
+MANY_METHODS: tuple[str, ...] = ("none", "weight", "weight-perm", "learned", "learned-perm")
 
 
 def simplex_weights(weights: Sequence[float] | None, n: int, what: str = "weights") -> list[float]:
