@@ -52,11 +52,11 @@ import torch
 from glmc.correction import probe_hooks, units_first
 from glmc.errors import GlmcError
 from glmc.families.base import Probe
+from glmc.matching.inner import realign_inner
 from glmc.matching.options import default_inner
-from glmc.matching.problem import Problem, WeightMatchingOptions, effective_groups
+from glmc.matching.problem import Problem, WeightMatchingOptions, effective_groups, fixes_ones
 from glmc.matching.residual import Solo
 from glmc.matching.steps import solve
-from glmc.matching.weight import fixes_ones, realign_inner
 from glmc.model import CanonicalModel
 from glmc.symmetry.groups import Element, OrthogonalGroup, PermutationGroup
 from glmc.symmetry.spec import SymmetrySpec
