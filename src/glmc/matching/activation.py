@@ -13,7 +13,7 @@ over every example and position, and each space is solved from them by its group
   the canonical correlations of their outputs (:func:`canonical_scores`, whose docstring
   says why these; a group by its query heads' outputs side by side), assigned; the spaces
   nested in them are then aligned by weight matching's own step given that assignment and
-  the residual map (:func:`glmc.matching.weight.realign_inner`): each head's QK and OV maps
+  the residual map (:func:`glmc.matching.inner.realign_inner`): each head's QK and OV maps
   and, inside each matched group, the query heads' order, which that step chooses by their
   circuits (which no inner map changes) together with the maps it computes for it.
 - **stream** (an orthogonal space: a transformer's residual stream): one map for every

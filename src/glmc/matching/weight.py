@@ -24,9 +24,8 @@ import time
 from collections.abc import Callable
 
 from glmc import distributed
-from glmc.matching import executors, spread, workspace
+from glmc.matching import descent, executors, spread, workspace
 from glmc.matching.descent import Descent, MatchResult, Record, Sweeps, UnitStep, same_element
-from glmc.matching.descent import start as start_here
 from glmc.matching.executors import Executor
 from glmc.matching.problem import (
     UNIT_STEPS,
@@ -55,7 +54,7 @@ def weight_matching(a: CanonicalModel, b: CanonicalModel,
     relative D)`` after each iteration; ``where``: the pair's name in error messages;
     ``on_iteration(k, π after k iterations)`` from the start (k = 0) to the last."""
     opts = opts or WeightMatchingOptions()
-    d = (spread.start if distributed.spread() else start_here)(a, b, opts, where)
+    d = (spread.start if distributed.spread() else descent.start)(a, b, opts, where)
     sweeps, trace = Sweeps(d.prob.units, opts.tol), []  # (inner spaces go with their heads)
     if on_iteration is not None:
         on_iteration(0, d.transform())
@@ -84,11 +83,11 @@ def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
     (``cache.refresh``: brought up to the residual map), so units sharing no tensor may run
     at once."""
     t0, spec = time.perf_counter(), prob.spec
-    mine, own = {unit, *prob.inner_of.get(unit, [])}, prob.term_names(unit)
+    spaces, own = {unit, *prob.inner_of.get(unit, [])}, prob.term_names(unit)  # (its tensors)
     names = sorted(own)
     if cache is not None:
         cache.refresh(names, el)
-    bt = {n: unapply_axes(bt_all[n], spec.axes[n], {k: el[k] for k in mine}) for n in names}
+    bt = {n: unapply_axes(bt_all[n], spec.axes[n], {k: el[k] for k in spaces}) for n in names}
     group = prob.groups[unit]
     proposal = UNIT_STEPS[type(group)](prob, unit, el, bt)  # the cost, from the spec
     solution = solve(group, proposal.cost, el[unit], prob.dtype)  # the assignment
@@ -97,18 +96,20 @@ def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
         workspace.release()
     before = prob.terms({n: bt_all[n] for n in names}, own)
 
-    def moved_to(new: dict[str, Element]) -> tuple[dict[str, Element], StateDict, dict]:
-        if len(mine) == 1 and same_element(new[unit], el[unit]):  # (back: bt_all itself)
-            return new, {n: bt_all[n] for n in names}, dict(before)
+    def moved_to(new: dict[str, Element]) -> tuple[StateDict, dict[str, float]]:
+        if len(spaces) == 1 and same_element(new[unit], el[unit]):  # (back: bt_all itself)
+            return {n: bt_all[n] for n in names}, dict(before)
         moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
-        return new, moved, prob.terms(moved, own)
+        return moved, prob.terms(moved, own)
 
-    new, moved, terms = moved_to(proposal.finish(solution))
+    new = proposal.finish(solution)
+    moved, terms = moved_to(new)
     rejected = not lowers(terms, before)  # (the cost is not D: the step may raise it)
-    if rejected and len(mine) > 1:  # (the inner maps for the current heads, if they lower D)
-        new, moved, terms = moved_to(proposal.finish(el[unit]))
+    if rejected and len(spaces) > 1:  # (the inner maps for the current heads, if they lower D)
+        new = proposal.finish(el[unit])
+        moved, terms = moved_to(new)
     if not lowers(terms, before):
-        return UnitStep(unit, names, True, {k: el[k] for k in mine},
+        return UnitStep(unit, names, True, {k: el[k] for k in spaces},
                         {n: bt_all[n] for n in names}, before, {}, time.perf_counter() - t0,
                         rejected=True)
     same = same_element(new[unit], el[unit])
