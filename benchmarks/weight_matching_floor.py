@@ -57,8 +57,8 @@ def measure(name: str) -> list[dict]:
     from scipy.optimize import linear_sum_assignment
 
     from glmc.matching import solvers
-    from glmc.matching.problem import Problem, angle_cost, cross
-    from glmc.matching.weight import Descent, WeightMatchingOptions, fixes_ones
+    from glmc.matching.descent import Descent
+    from glmc.matching.problem import Problem, WeightMatchingOptions, angle_cost, cross, fixes_ones
     from glmc.symmetry.transform import unapply_axes
     from glmc.tensors import axis_first
 

@@ -355,7 +355,7 @@ def test_bad_options_are_one_clear_error(bad):
 def test_realign_inner_restores_the_heads_inner_bases(planted):
     """After heads are reassigned, their inner bases are aligned afresh: with the inner maps
     reset to the identity, realigning recovers the planted pair exactly."""
-    from glmc.matching.weight import realign_inner
+    from glmc.matching.inner import realign_inner
     from glmc.symmetry.groups import BlockMatrix
 
     a, b, wm = planted

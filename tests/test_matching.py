@@ -422,7 +422,7 @@ def test_unit_workers_respect_chained_units_and_the_memory_budget():
     """Units that share a tensor run one at a time; big units are fewer in flight."""
     from types import SimpleNamespace
 
-    from glmc.matching.weight import UNITS_IN_FLIGHT_BYTES, unit_workers
+    from glmc.matching.executors import UNITS_IN_FLIGHT_BYTES, unit_workers
     from glmc.symmetry.groups import PermutationGroup
 
     def prob(n: int, independent: bool = True):

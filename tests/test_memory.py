@@ -19,8 +19,9 @@ import glmc.cli.align
 from glmc.cli.main import main
 from glmc.io.folders import folder_stamp, load_model
 from glmc.io.moved import Moved
+from glmc.matching.descent import Descent
 from glmc.matching.problem import Problem
-from glmc.matching.weight import Descent, WeightMatchingOptions, fixes_ones
+from glmc.matching.weight import WeightMatchingOptions, fixes_ones
 from glmc.methods import AlignOptions
 
 PAIRS = ("gpt2", "llama")

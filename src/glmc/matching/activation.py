@@ -13,7 +13,7 @@ over every example and position, and each space is solved from them by its group
   the canonical correlations of their outputs (:func:`canonical_scores`, whose docstring
   says why these; a group by its query heads' outputs side by side), assigned; the spaces
   nested in them are then aligned by weight matching's own step given that assignment and
-  the residual map (:func:`glmc.matching.weight.realign_inner`): each head's QK and OV maps
+  the residual map (:func:`glmc.matching.inner.realign_inner`): each head's QK and OV maps
   and, inside each matched group, the query heads' order, which that step chooses by their
   circuits (which no inner map changes) together with the maps it computes for it.
 - **stream** (an orthogonal space: a transformer's residual stream): one map for every
@@ -52,11 +52,11 @@ import torch
 from glmc.correction import probe_hooks, units_first
 from glmc.errors import GlmcError
 from glmc.families.base import Probe
+from glmc.matching.inner import realign_inner
 from glmc.matching.options import default_inner
-from glmc.matching.problem import Problem, WeightMatchingOptions, effective_groups
+from glmc.matching.problem import Problem, WeightMatchingOptions, effective_groups, fixes_ones
 from glmc.matching.residual import Solo
 from glmc.matching.steps import solve
-from glmc.matching.weight import fixes_ones, realign_inner
 from glmc.model import CanonicalModel
 from glmc.symmetry.groups import Element, OrthogonalGroup, PermutationGroup
 from glmc.symmetry.spec import SymmetrySpec

@@ -33,6 +33,7 @@ from torch.func import functional_call
 
 from glmc import distributed
 from glmc.errors import GlmcError, reason
+from glmc.matching.inner import inner_maps
 from glmc.matching.options import (
     LearnedMatchingOptions,
     WeightMatchingOptions,
@@ -41,7 +42,6 @@ from glmc.matching.options import (
 )
 from glmc.matching.parametrize import PermutationLatent, make_latent, project_all
 from glmc.matching.problem import Problem, effective_groups, head_tensors, stream_space
-from glmc.matching.weight import inner_maps
 from glmc.model import CanonicalModel
 from glmc.schedule import lr_factor
 from glmc.symmetry.groups import BlockMatrix, Element, Matrix, Permutation

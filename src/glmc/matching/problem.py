@@ -39,8 +39,8 @@ from glmc.tensors import StateDict, axis_first
 from glmc.threads import num_threads
 
 __all__ = ["UNIT_STEPS", "WEIGHTINGS", "Problem", "Proposal", "WeightMatchingOptions",
-           "check_pair", "cross", "effective_groups", "propose_heads", "propose_permutation",
-           "propose_unit", "stream_space"]
+           "centred_pair", "check_pair", "cross", "effective_groups", "fixes_ones",
+           "propose_heads", "propose_permutation", "propose_unit", "stream_space"]
 
 
 def tensor_weights(spec: SymmetrySpec, state: StateDict, scheme: str,
@@ -106,6 +106,20 @@ def stream_space(spec: SymmetrySpec) -> str | None:
         raise GlmcError(f"the spec has {len(streams)} orthogonal spaces ({', '.join(streams)}); "
                         "weight matching supports one residual stream")
     return streams[0] if streams else None
+
+
+def centred_pair(a: CanonicalModel, b: CanonicalModel) -> bool:
+    """Both streams stay in the ones-complement (every residual writer mean-zero)."""
+    return a.uncentred_writer() is None and b.uncentred_writer() is None
+
+
+def fixes_ones(a: CanonicalModel, b: CanonicalModel) -> bool:
+    """Whether the residual map should fix the all-ones direction: when the family says the
+    stock class needs it (a LayerNorm model's) and both models can still be written back as
+    it (both streams centred)."""
+    stream = stream_space(a.spec)
+    return (stream is not None and a.spec.export.get(stream) == "fix_ones"
+            and centred_pair(a, b))
 
 
 def effective_groups(spec: SymmetrySpec, residual: str, inner: str,

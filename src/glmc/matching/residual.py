@@ -81,6 +81,19 @@ def spectral_init(prob: Problem, space: str, solo: torch.Tensor,
     return Matrix(t.to(prob.dtype), True)
 
 
+def residual_start(prob: Problem, solo: Solo, dtype: torch.dtype,
+                   grams: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
+                   ) -> Element:
+    """The residual map's start (``opts.init``): the Gram eigenbases matched ("spectral"), the
+    best map for the tensors only the stream touches ("embeddings"), or the identity.
+    ``grams``: the spectral start's Gram sums, made elsewhere (across the ranks)."""
+    if prob.opts.init == "spectral":
+        return spectral_init(prob, prob.stream, solo.const, grams)
+    if prob.opts.init == "embeddings":
+        return prob.solve_stream(solo.const)
+    return prob.stream_group().identity(dtype)
+
+
 class ResidualCache:
     """The residual step without touching most of the model.
 

@@ -37,9 +37,8 @@ part (:mod:`glmc.io.moved`).
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -49,20 +48,14 @@ from glmc import distributed
 from glmc.errors import GlmcError
 from glmc.io.folders import LoadedModel, load_model
 from glmc.matching import workspace
-from glmc.matching.problem import Problem, WeightMatchingOptions, check_pair
-from glmc.matching.residual import ResidualCache, Solo, gram, gram_occurrences
-from glmc.matching.weight import (
-    Descent,
-    Sweeps,
-    Workers,
-    fixes_ones,
-    residual_start,
-    solved_in_order,
-)
+from glmc.matching.descent import Descent, UnitStep
+from glmc.matching.executors import ResidualProposal, Serial, UnitSolver
+from glmc.matching.problem import Problem, WeightMatchingOptions, check_pair, fixes_ones
+from glmc.matching.residual import ResidualCache, Solo, gram, gram_occurrences, residual_start
 from glmc.model import CanonicalModel, fitted
 from glmc.tensors import StateDict, axis_first
 
-__all__ = ["Plan", "SpreadDescent", "load_pair", "local_tensors", "plan", "start",
+__all__ = ["Plan", "Ranks", "SpreadDescent", "load_pair", "local_tensors", "plan", "start",
            "unit_cost"]
 
 
@@ -246,9 +239,9 @@ def start(a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions,
             held["descent"] = Descent.start(prob, a.dtype)
 
     distributed.exchange(problem)
-    if not made:
-        return held["descent"]
-    return SpreadDescent.begin(held["prob"], made[0], a.dtype)
+    d = held["descent"] if not made else SpreadDescent.begin(held["prob"], made[0], a.dtype)
+    workspace.release_freed()
+    return d
 
 
 def _grams(prob: Problem, plan: Plan) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -272,7 +265,7 @@ def _occurrence_cross(prob: Problem, bt_all: StateDict, key: tuple[str, int]) ->
 
 @dataclass
 class SpreadDescent(Descent):
-    """:class:`~glmc.matching.weight.Descent` on one rank of several: ``bt_all`` and the
+    """:class:`~glmc.matching.descent.Descent` on one rank of several: ``bt_all`` and the
     residual cache hold this rank's tensors, ``solo`` is rank 0's; the elements and the
     terms are every unit's, as in one process."""
 
@@ -329,52 +322,58 @@ class SpreadDescent(Descent):
         d.init_distance = d.distance()
         return d
 
-    def iterate(self, it: int, due: list[str], workers: Workers, sweeps: Sweeps) -> dict:
-        """:meth:`Descent.iterate`: this rank's due units, then every unit's step taken by
-        every rank, then the residual step."""
-        assert self.plan is not None
-        cpu: dict[str, float] = defaultdict(float)
-        changed, rejected, t0 = 0, 0, time.perf_counter()
-        mine = [u for u in due if self.plan.unit_rank[u] == self.rank]
 
-        def local() -> list[tuple]:
-            out = []
-            for step in solved_in_order(workers.pool, workers.depth, self.prob, self.cache,
-                                        mine, self.el, self.bt_all):
-                self.take(step)
-                out.append((step.unit, step.same, step.rejected, step.new, step.terms,
-                            step.seconds))
-            return out
+class Ranks:
+    """The :class:`~glmc.matching.executors.Executor` of a descent spread across the ranks:
+    each rank solves its share of the units on its own executor (``local``), and the ranks
+    exchange their steps and make the residual map's sums together (see the module's
+    docstring)."""
 
-        steps = {s[0]: s for part in distributed.exchange(local) for s in part}
+    def __init__(self, d: SpreadDescent, local: Serial) -> None:
+        assert d.plan is not None
+        self.plan, self.rank, self.local = d.plan, d.rank, local
+
+    def __enter__(self) -> Ranks:
+        self.local.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.local.__exit__(*exc)
+
+    def solve(self, due: list[str], d: Descent, step: UnitSolver) -> Iterator[UnitStep]:
+        """Every due unit's step, in order: this rank's solved and taken here (their tensors
+        replace the old ones at once), every other's as its rank hands it on (its elements
+        and terms: the tensors stay there)."""
+        mine: dict[str, UnitStep] = {}
+
+        def local() -> list[UnitStep]:
+            for s in self.local.solve([u for u in due if self.plan.unit_rank[u] == self.rank],
+                                      d, step):
+                d.take(s)
+                mine[s.unit] = s.shared()
+            return list(mine.values())
+
+        theirs = {s.unit: s for part in distributed.exchange(local) for s in part}
         for unit in due:
-            _, same, was_rejected, new, terms, seconds = steps[unit]
-            if self.plan.unit_rank[unit] != self.rank:  # (this rank's are taken)
-                self.el.update(new)
-                self.terms.update(terms)
-            changed += not same
-            rejected += was_rejected
-            sweeps.solved(unit, same, it)
-            cpu[self.role(unit)] += seconds
-        return self.finish_iteration(it, due, changed, rejected,
-                                     time.perf_counter() - t0, cpu)
+            yield mine[unit] if unit in mine else theirs[unit]
 
-    def step_residual(self) -> bool:
-        """:meth:`Descent.step_residual` across the ranks (see the module's docstring)."""
-        assert self.cache is not None and self.plan is not None
-        prob, cache, plan, el = self.prob, self.cache, self.plan, self.el
+    def residual(self, d: Descent) -> ResidualProposal:
+        """:meth:`Serial.residual` across the ranks: the sums added in the single
+        process's order, the Procrustes on rank 0, each rank's terms pooled in order."""
+        assert d.cache is not None
+        prob, cache, plan, el = d.prob, d.cache, self.plan, d.el
         space = prob.stream
         assert space is not None
         t = el[space]
-        d = prob.spec.spaces[space].size
+        size = prob.spec.spaces[space].size
         distributed.exchange(lambda: cache.refresh(cache.fresh, el))
-        const = self.solo.const if self.solo is not None else None
+        const = d.solo.const if d.solo is not None else None
         m = distributed.ordered_sum(
             [("<const>", 0)] + [(n, plan.tensor_rank[n]) for n in plan.cached],
-            lambda k: const if k == "<const>" else cache.cross[k], (d, d))  # type: ignore
+            lambda k: const if k == "<const>" else cache.cross[k], (size, size))  # type: ignore
         c = distributed.ordered_sum(
             [(key, plan.tensor_rank[key[0]]) for key in plan.direct],
-            lambda key: _occurrence_cross(prob, cache.bt_all, key), (d, d))  # type: ignore
+            lambda key: _occurrence_cross(prob, cache.bt_all, key), (size, size))  # type: ignore
 
         def root():
             total = m
@@ -387,16 +386,9 @@ class SpreadDescent(Descent):
 
         def local() -> dict[str, float]:
             terms, held["moved"] = cache.terms(new, el)
-            if self.solo is not None:
-                terms["<solo>"] = self.solo.term(new)
+            if d.solo is not None:
+                terms["<solo>"] = d.solo.term(new)
             return terms
 
         pooled = {k: v for part in distributed.exchange(local) for k, v in part.items()}
-        terms = {n: pooled[n] for n in [*plan.fresh, *plan.cached, "<solo>"]}
-        before = sum(self.terms[n] for n in terms)
-        if sum(terms.values()) > before + 1e-12 * abs(before):
-            return False
-        el[space] = new
-        self.terms.update(terms)
-        cache.moved(held["moved"], new)
-        return True
+        return new, {n: pooled[n] for n in [*plan.fresh, *plan.cached, "<solo>"]}, held["moved"]

@@ -37,6 +37,7 @@ import torch
 
 from glmc.errors import GlmcError
 from glmc.matching import workspace
+from glmc.matching.inner import realign_inner
 from glmc.matching.many import Frame, check_models, frame_options, mean_of_others, star
 from glmc.matching.options import WeightMatchingOptions
 from glmc.matching.problem import (
@@ -46,7 +47,6 @@ from glmc.matching.problem import (
     tensor_weights,
 )
 from glmc.matching.steps import solvable, solve
-from glmc.matching.weight import realign_inner
 from glmc.model import CanonicalModel
 from glmc.symmetry.elements import Element, Matrix
 from glmc.symmetry.groups import Group, GroupedPermutationGroup, PermutationGroup

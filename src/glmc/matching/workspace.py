@@ -4,8 +4,8 @@ A permutation unit's step writes two n × n matrices (its cross-correlation and 
 and 75 MB at n = 3072). Fresh allocations of that size come from the system each time, and
 filling them costs as much as the arithmetic on them (page faults: about 45 ms per 75 MB);
 a worker thread that reuses its own buffers pays that once. Only threads that call
-:func:`enable` (the weight-matching pool's, see ``weight.Workers``) keep buffers, and they
-go with the thread; anywhere else :func:`buffer` is a fresh ``torch.empty``.
+:func:`enable` (weight matching's unit workers, :mod:`glmc.matching.executors`) keep buffers,
+until they end or call :func:`disable`; anywhere else :func:`buffer` is a fresh ``torch.empty``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,16 @@ _local = threading.local()
 def enable() -> None:
     """Let the calling thread keep the buffers it asks for (until it ends)."""
     _local.buffers = {}
+
+
+def enabled() -> bool:
+    """Whether the calling thread keeps its buffers."""
+    return getattr(_local, "buffers", None) is not None
+
+
+def disable() -> None:
+    """Stop keeping the calling thread's buffers (they are freed)."""
+    _local.buffers = None
 
 
 def release() -> None:
