@@ -46,7 +46,8 @@ _LINK = re.compile(r"\]\([^)]*\)")
 _MARK = re.compile(r"\b(?:at|commit|commits|measured at)\s+([0-9a-f]{7,40})\b")
 _HASH = re.compile(r"\b[0-9a-f]{7,40}\b")
 # a decimal, or a whole number with a unit; not part of a version (3.11.7), a name or a path
-_FIGURE = re.compile(r"(?<![\w.=≤≥<>/])(?<![A-Za-z]-)(\d[\d,]*\.\d+|\d[\d,]*(?=\s?(?:s|min|minutes|GB|MB|GiB|%)\b|%))"
+_FIGURE = re.compile(r"(?<![\w.=≤≥<>/])(?<![A-Za-z]-)"
+                     r"(\d[\d,]*\.\d+|\d[\d,]*(?=\s?(?:s|min|minutes|GB|MB|GiB|%)\b|%))"
                      r"(?![\w.]*\d)(\s?%)?")
 
 

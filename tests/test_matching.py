@@ -645,3 +645,32 @@ def test_weight_matching_with_and_without_kept_buffers_is_bit_identical(h, monke
     for space, e in kept.transform.elements.items():
         x, y = e.tensors(), plain.transform.elements[space].tensors()
         assert all(torch.equal(x[k], y[k]) for k in x), space
+
+
+@pytest.mark.parametrize("case", ["full-group", "full-group-fix-ones"])
+def test_planted_recovery_from_activation_matchings_residual_map(h, arch, case):
+    """Started from activation matching's residual map (what the methods do when they have
+    data), weight matching still brings a planted B back onto A; a map that keeps the
+    all-ones direction (a centred B) stays one that does."""
+    from glmc.matching.activation import activation_matching
+    from glmc.matching.problem import stream_space
+    from glmc.verify import random_inputs
+
+    tiny = h.make_tiny(arch, n_layer=2, d=32, n_head=4)
+    a = tiny.canonical()
+    b = plant(a, case)
+    batches = [(random_inputs(a.config, n=32, seq=16, seed=5, dtype=a.dtype), None)]
+    stream = stream_space(a.spec)
+    start = activation_matching(a, b, batches).elements[stream]
+    match = weight_matching(a, b, WeightMatchingOptions(init="activation", stream_start=start))
+    aligned = b.transformed(match.transform, like=a)
+    assert h.rel_weight_distance(a, aligned) < 1e-5
+    if case == "full-group-fix-ones":
+        res = match.transform.elements[stream].matrix(F64)
+        ones = torch.ones(res.shape[0], dtype=F64)
+        torch.testing.assert_close(res @ ones, ones)
+
+
+def test_an_activation_start_without_its_map_is_one_clear_error():
+    with pytest.raises(GlmcError, match="stream_start"):
+        WeightMatchingOptions(init="activation")

@@ -123,7 +123,8 @@ def align(model_a: ModelLike, model_b: ModelLike, *, method: str = "weight",
     a, b = prepare_pair(model_a, model_b, opts.heads)
     settings = {"a": name_of(model_a, "A"), "b": name_of(model_b, "B"), "method": method,
                 "residual": m.residual or opts.residual, "heads": opts.heads}
-    if m.data:  # (the data are checked before any matching)
+    if m.data or (m.uses_data and opts.data is not None and not isinstance(opts.data, Dataset)):
+        # (the data are checked before any matching)
         data, seed = learning_data(a, opts.data, opts.tokenizer, settings["a"],
                                    models=(model_a, model_b), data_seed=opts.data_seed,
                                    method=method)

@@ -16,7 +16,7 @@ RESIDUALS = ("orthogonal", "permutation", "none")
 WEIGHTINGS = ("tensor", "layer", "none")
 UNIT_COSTS = ("angle", "distance")
 INNER = ("invertible", "orthogonal", "permutation")
-INITS = ("spectral", "embeddings", "identity")
+INITS = ("spectral", "embeddings", "identity", "activation")
 #: Learned matching's learning-rate schedules (see :class:`LearnedMatchingOptions`).
 SCHEDULES = ("plateau", "cosine")
 #: Where learned matching starts (see :class:`LearnedMatchingOptions`).
@@ -36,8 +36,12 @@ class WeightMatchingOptions:
     tol: float = 1e-5  # stop when an iteration lowers the distance by less (relative)
     #: The residual map's start: "spectral" (Gram eigenbases matched), "embeddings"
     #: (Procrustes on the tensors only the stream touches: embeddings, unembedding, residual
-    #: biases) or "identity"
+    #: biases), "identity", or "activation": ``stream_start``, the map activation matching
+    #: found on data (what the methods pass when they have data; see glmc.methods)
     init: str = "embeddings"
+    #: The residual map to start from under ``init="activation"`` (an Element of the stream's
+    #: group, e.g. ``activation_matching(a, b, batches).elements[stream]``)
+    stream_start: Any = None
     #: "tensor": w_t = 1/entries (every tensor counts by its mean squared difference);
     #: "layer": a bias counts as its layer's weight matrix does; "none": every entry counts the
     #: same (large tensors dominate)
@@ -88,6 +92,9 @@ class WeightMatchingOptions:
                 raise GlmcError(f"{what} weight must be positive, got {value}")
         if self.max_iter < 1:
             raise GlmcError(f"weight matching needs at least 1 iteration, got {self.max_iter}")
+        if self.init == "activation" and self.stream_start is None:
+            raise GlmcError("init='activation' starts the residual map from activation "
+                            "matching's: pass it as stream_start (or give the method data)")
 
 
 #: Learned matching's λ between two models of the same widths: the paper's, around the

@@ -85,8 +85,11 @@ def residual_start(prob: Problem, solo: Solo, dtype: torch.dtype,
                    grams: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
                    ) -> Element:
     """The residual map's start (``opts.init``): the Gram eigenbases matched ("spectral"), the
-    best map for the tensors only the stream touches ("embeddings"), or the identity.
-    ``grams``: the spectral start's Gram sums, made elsewhere (across the ranks)."""
+    best map for the tensors only the stream touches ("embeddings"), the map given
+    ("activation": ``opts.stream_start``), or the identity. ``grams``: the spectral start's
+    Gram sums, made elsewhere (across the ranks)."""
+    if prob.opts.init == "activation":
+        return prob.opts.stream_start.to(dtype)
     if prob.opts.init == "spectral":
         return spectral_init(prob, prob.stream, solo.const, grams)
     if prob.opts.init == "embeddings":

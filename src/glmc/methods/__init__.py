@@ -41,8 +41,10 @@ class Method:
 
     ``impl``: the function ``fn(a, b, options)``, or where it lives (``"module:function"``);
     ``transform``: it moves B by a transform (``glmc align`` takes it); ``data``: it reads
-    training data (``options.data``); ``stock``: it reads the models' stock weights
-    (``options.stock``, Hugging Face folders); ``residual``: the residual group it fixes.
+    training data (``options.data``); ``uses_data``: it needs none but reads data when given
+    (weight matching starts from activation matching's residual map); ``stock``: it reads
+    the models' stock weights (``options.stock``, Hugging Face folders); ``residual``: the
+    residual group it fixes.
     """
 
     name: str
@@ -50,6 +52,7 @@ class Method:
     description: str
     transform: bool = True
     data: bool = False
+    uses_data: bool = False
     stock: bool = False
     residual: str | None = None
 
@@ -97,7 +100,8 @@ register_method("none", f"{_BUILTIN}:no_alignment", "no alignment: vanilla avera
 register_method("canonical", f"{_BUILTIN}:canonical_coordinates", "averaging in canonical "
                 "coordinates (after the exact RMSNorm rewrite), no alignment", transform=False)
 register_method("weight", f"{_BUILTIN}:weight", "weight matching, orthogonal residual map "
-                "(data-free)")
+                "(data-free; with data, the map starts from activation matching's)",
+                uses_data=True)
 register_method("weight-perm", f"{_BUILTIN}:weight", "weight matching, permutation-only "
                 "residual map (the paper's ablation)", residual="permutation")
 register_method("activation", f"{_BUILTIN}:activation",

@@ -11,6 +11,7 @@ from glmc.data import Dataset, fixed_batches
 from glmc.errors import GlmcError
 from glmc.matching.activation import activation_matching
 from glmc.matching.learned import LearnedResult, learned_matching
+from glmc.matching.problem import stream_space
 from glmc.matching.weight import MatchResult, centred_pair, weight_matching
 from glmc.methods.alignment import Alignment
 from glmc.methods.options import AlignOptions
@@ -77,8 +78,24 @@ def canonical_coordinates(a: CanonicalModel, b: CanonicalModel,
     return b
 
 
+def activation_start(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Transform | None:
+    """Activation matching's transform where weight matching starts from its residual map
+    (:meth:`AlignOptions.starts_from_data`), else None."""
+    if not o.starts_from_data():
+        return None
+    return activation_matching(a, b, statistics_batches(a, o.data), residual=o.residual)
+
+
+def stream_of(a: CanonicalModel, t: Transform | None) -> Any:
+    """``t``'s residual map (None without ``t`` or a residual stream)."""
+    space = stream_space(a.spec)
+    return None if t is None or space is None else t.elements[space]
+
+
 def weight(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
-    wm = o.weight_matching(token_masks(a, o.token_counts), hand_over=o.hand_over)
+    start = stream_of(a, activation_start(a, b, o))
+    wm = o.weight_matching(token_masks(a, o.token_counts), hand_over=o.hand_over,
+                           stream_start=start)
     match = weight_matching(a, b, wm, progress=o.progress)
     if o.hand_over:  # (what is left of the models: A's weighted copies, nothing of B's)
         a.state.clear()
@@ -99,13 +116,16 @@ def activation_prepost(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) ->
 
 
 def learned(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
-    wm = o.weight_matching(token_masks(a, o.token_counts))
     lo = o.learned_matching()
+    act = activation_start(a, b, o)
+    if act is None and lo.start != "weight":
+        act = activation_matching(a, b, statistics_batches(a, o.data), residual=o.residual)
+    wm = o.weight_matching(token_masks(a, o.token_counts),
+                           stream_start=stream_of(a, act) if o.starts_from_data() else None)
     match = weight_matching(a, b, wm, progress=o.progress) if lo.start != "activation" else None
     starts = {} if match is None else {"weight": match.transform}
     if lo.start != "weight":
-        starts["activation"] = activation_matching(a, b, statistics_batches(a, o.data),
-                                                   residual=o.residual)
+        starts["activation"] = act
     result = learned_matching(a, b, o.data, starts, lo, fix_ones=centred_pair(a, b),
                               progress=o.learned_progress, inner=wm.inner)
     return _moved(a, b, result.transform, match, result)

@@ -13,6 +13,7 @@ from glmc.data import Dataset, Tokenizer
 from glmc.defaults import CORRECTIONS
 from glmc.errors import GlmcError
 from glmc.matching.options import (
+    INITS,
     RESIDUALS,
     LearnedMatchingOptions,
     WeightMatchingOptions,
@@ -34,7 +35,11 @@ class AlignOptions:
         heads: ``"inner"`` (keep head_dim; heads assigned after aligning their inner bases)
             or ``"circuit"`` (both models rewritten with attention as QK/OV circuits first).
         max_iter, tol, weighting, bias_weight, role_weights, unit_cost, inner, init: weight
-            matching's options (see :class:`glmc.matching.options.WeightMatchingOptions`).
+            matching's options (see :class:`glmc.matching.options.WeightMatchingOptions`);
+            ``init="auto"``: the residual map starts from activation matching's when the method
+            has data and the map is orthogonal (``weight``, and learned matching's weight start;
+            not under torchrun, whose ranks hold shares of the models), else from the
+            embeddings.
         token_counts: (vocab,) counts; vocabulary rows of unseen tokens do not count.
         data: the training data of data-driven methods (a loaded dataset, or a name or path
             that :func:`glmc.api.align` loads with the models' tokenizer and split seed).
@@ -64,7 +69,7 @@ class AlignOptions:
     role_weights: dict[str, float] = field(default_factory=dict)
     unit_cost: str = _WM.unit_cost
     inner: str | None = None
-    init: str = _WM.init
+    init: str = "auto"
     token_counts: torch.Tensor | None = None
     data: str | Path | Dataset | None = None
     tokenizer: str | Tokenizer | None = None
@@ -81,18 +86,33 @@ class AlignOptions:
     def __post_init__(self) -> None:
         for name, value, allowed in (("heads mode", self.heads, HEADS),
                                      ("residual group", self.residual, RESIDUALS),
-                                     ("correction", self.correction, CORRECTIONS)):
+                                     ("correction", self.correction, CORRECTIONS),
+                                     ("init", self.init, ("auto", *INITS))):
             if value not in allowed:
                 raise GlmcError(f"unknown {name} {value!r} ({' or '.join(allowed)})")
 
-    def weight_matching(self, row_masks: dict | None = None,
-                        hand_over: bool = False) -> WeightMatchingOptions:
+    def weight_matching(self, row_masks: dict | None = None, hand_over: bool = False,
+                        stream_start: Any = None) -> WeightMatchingOptions:
+        """Weight matching's options; ``stream_start``: activation matching's residual map,
+        which ``init="auto"`` (or ``"activation"``) starts from when it is given."""
+        init = self.init
+        if init == "auto":
+            init = "activation" if stream_start is not None else _WM.init
         return WeightMatchingOptions(
             residual=self.residual, max_iter=self.max_iter, tol=self.tol,
             weighting=self.weighting, bias_weight=self.bias_weight,
             role_weights=dict(self.role_weights),
-            unit_cost=self.unit_cost, inner=self.inner, init=self.init,
+            unit_cost=self.unit_cost, inner=self.inner, init=init,
+            stream_start=stream_start if init == "activation" else None,
             row_masks=row_masks or {}, hand_over=hand_over)
+
+    def starts_from_data(self) -> bool:
+        """Whether weight matching's residual map starts from activation matching's (see
+        ``init``): data given, an orthogonal map, one process."""
+        from glmc.distributed import spread
+
+        return (self.init in ("auto", "activation") and self.data is not None
+                and self.residual == "orthogonal" and not spread())
 
     def learned_matching(self) -> LearnedMatchingOptions:
         opts = replace(self.learned or LearnedMatchingOptions(), residual=self.residual)
