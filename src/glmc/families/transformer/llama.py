@@ -15,76 +15,28 @@ written back, every norm's gain is 1.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
 
 from glmc.errors import GlmcError
-from glmc.families.importers import Importer, NotRepresentable
+from glmc.families.importers import NotRepresentable
+from glmc.families.transformer.hf import TableImporter
 from glmc.families.transformer.rewrite import lm_head
-from glmc.families.transformer.stock import (
-    base_config,
-    check_activation,
-    check_config_keys,
-    require_stock_form,
-    rotary_of,
-)
+from glmc.families.transformer.stock import base_config, require_stock_form, rotary_of
+from glmc.families.transformer.tables import TABLES
 from glmc.model import CanonicalModel
 from glmc.tensors import StateDict
 
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # (a buffer older checkpoints stored)
 
+class DecoderImporter(TableImporter):
+    """The Llama layout; subclasses name their table and what differs."""
 
-class DecoderImporter(Importer):
-    """The Llama layout; subclasses name the transformers classes and what differs."""
-
-    hf_class: ClassVar[type]
-    hf_config_class: ClassVar[type]
-
-    def config_class(self) -> type:
-        return self.hf_config_class
-
-    def check_config(self, raw: dict, where: str) -> None:
-        check_config_keys(raw, self.hf_config_class, where)
+    def check_fields(self, raw: dict, where: str) -> None:
         heads, kv = raw.get("num_attention_heads"), raw.get("num_key_value_heads")
         if isinstance(heads, int) and isinstance(kv, int) and (kv < 1 or heads % kv):
             raise GlmcError(f"{where}: num_key_value_heads {kv} does not divide "
                             f"num_attention_heads {heads}")
-        check_activation(raw, where, "silu")
-
-    def stock_model(self, hf_config: Any) -> torch.nn.Module:
-        hf_config._attn_implementation = "sdpa"
-        return self.hf_class(hf_config).eval()
-
-    def optional_keys(self, hf_config: Any) -> tuple[str, ...]:
-        return ("lm_head.weight",) if hf_config.tie_word_embeddings else ()
-
-    def normalize_keys(self, state: StateDict) -> StateDict:
-        out = {}
-        for k, v in state.items():
-            if k.endswith(_IGNORED_SUFFIXES):
-                continue
-            if not k.startswith(("model.", "lm_head.")):
-                k = "model." + k  # a bare *Model checkpoint
-            out[k] = v
-        return out
-
-    def untied(self, hf_config: Any, state: StateDict) -> tuple[Any, StateDict]:
-        """A tied head becomes ``lm_head.weight``, a copy of the embedding."""
-        if not hf_config.tie_word_embeddings:
-            return hf_config, state
-        cfg = self.hf_config_class.from_dict({**hf_config.to_dict(),
-                                              "tie_word_embeddings": False})
-        head = lm_head(state, "model.embed_tokens.weight")
-        return cfg, {**state, "lm_head.weight": head}
 
     # -- what the three differ in ---------------------------------------------------------
     def biases(self, c: Any) -> dict[str, bool]:
@@ -125,10 +77,8 @@ class DecoderImporter(Importer):
         head = lm_head(s, "model.embed_tokens.weight")
         out["head.weight"] = head * s["model.norm.weight"][None, :]
         cfg = base_config(
-            c, "causal_lm", d_model=c.hidden_size, n_layer=c.num_hidden_layers, n_head=h,
-            n_kv_head=kv, head_dim=dh, d_mlp=c.intermediate_size, activation=c.hidden_act,
-            norm_eps=c.rms_norm_eps, vocab_size=c.vocab_size,
-            n_positions=c.max_position_embeddings, rotary_dim=rotary_dim, inv_freq=inv_freq,
+            c, "causal_lm", **self.copied_fields(c), n_kv_head=kv, head_dim=dh,
+            rotary_dim=rotary_dim, inv_freq=inv_freq,
             rotary_scaling=scaling, mlp="gated", attn_bias=biased["attn"], o_bias=biased["o"],
             mlp_bias=biased["mlp"], windows=self.windows(c), stock_norm="rmsnorm",
         )
@@ -139,8 +89,8 @@ class DecoderImporter(Importer):
         cfg, s = model.config, model.state
         if cfg.head_bias or cfg.norm_f_bias:
             raise NotRepresentable(f"{cfg.source['arch']}'s head has no bias")
-        hf = self.hf_config_class.from_dict({**cfg.source["config"],
-                                             "tie_word_embeddings": False})
+        hf = self.config_class().from_dict({**cfg.source["config"],
+                                            "tie_word_embeddings": False})
         ones = torch.ones(cfg.d_model, dtype=model.dtype)
         out: StateDict = {"model.embed_tokens.weight": s["embed.tok"],
                           "model.norm.weight": ones, "lm_head.weight": s["head.weight"]}
@@ -159,28 +109,22 @@ class DecoderImporter(Importer):
         return hf, {k: v.clone().contiguous() for k, v in out.items()}
 
     def model_types(self) -> tuple[str, ...]:
-        return (self.hf_config_class.model_type,)
-
-    def stock_logits(self, stock: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return stock(input_ids=x, use_cache=False).logits
+        return (self.table.model_type,)
 
 
 class LlamaImporter(DecoderImporter):
-    name = "llama"
-    hf_class, hf_config_class = LlamaForCausalLM, LlamaConfig
+    table = TABLES["llama"]
 
 
 class MistralImporter(DecoderImporter):
-    name = "mistral"
-    hf_class, hf_config_class = MistralForCausalLM, MistralConfig
+    table = TABLES["mistral"]
 
 
 class Qwen2Importer(DecoderImporter):
     """Qwen2: q/k/v biases, no output bias; sliding windows on the layers ``layer_types``
     names ``sliding_attention``."""
 
-    name = "qwen2"
-    hf_class, hf_config_class = Qwen2ForCausalLM, Qwen2Config
+    table = TABLES["qwen2"]
 
     def biases(self, c: Any) -> dict[str, bool]:
         return {"attn": True, "o": False, "mlp": False}
