@@ -47,11 +47,15 @@ class EncoderImporter(TableImporter):
     the bare encoder, whose output is the stream itself, for ``BertModel``/``RobertaModel``).
     """
 
-    prefix: ClassVar[str]
     #: The masked-LM head's modules (transform, its norm, decoder, bias) under its prefix.
     lm_head: ClassVar[tuple[str, str, str, str]]
     #: The classifier's (pooler, output) modules.
     classifier: ClassVar[tuple[str, str]]
+
+    @property
+    def prefix(self) -> str:
+        """The stock names' prefix under a head: the model type (``bert``, ``roberta``)."""
+        return self.table.model_type
 
     def base(self, task: str) -> str:
         """The stock names' prefix: none for the bare encoder, ``bert.`` under a head."""
@@ -159,7 +163,6 @@ class EncoderImporter(TableImporter):
 
 class BertImporter(EncoderImporter):
     table = TABLES["bert"]
-    prefix = "bert"
     lm_head = ("cls.predictions", "transform.dense", "decoder", "bias")
     classifier = ("bert.pooler.dense", "classifier")
 
@@ -172,7 +175,6 @@ class RobertaImporter(EncoderImporter):
     padding; the masked-LM head's activation is GELU whatever ``hidden_act`` says."""
 
     table = TABLES["roberta"]
-    prefix = "roberta"
     lm_head = ("lm_head", "dense", "decoder", "bias")
     classifier = ("classifier.dense", "classifier.out_proj")
 

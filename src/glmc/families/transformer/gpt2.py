@@ -23,7 +23,6 @@ from glmc.families.transformer.rewrite import (
     centre,
     fold_final_norm,
     fold_norm,
-    lm_head,
     settle_attention_biases,
 )
 from glmc.families.transformer.stock import base_config, require_stock_form
@@ -63,7 +62,7 @@ class GPT2Importer(TableImporter):
             out[f"{m}.proj.weight"] = centre(s[f"{p}.mlp.c_proj.weight"].T, 0).contiguous()
             out[f"{m}.proj.bias"] = centre(s[f"{p}.mlp.c_proj.bias"], 0)
         settle_attention_biases(out, c.n_layer)
-        head = lm_head(s, f"{t}.wte.weight")
+        head = self.head_weight(s)
         out |= fold_final_norm(head, s[f"{t}.ln_f.weight"], s[f"{t}.ln_f.bias"])
         norm_f_bias = "norm_f.bias" in out
         cfg = base_config(

@@ -25,7 +25,7 @@ from transformers import GPTNeoXConfig
 
 from glmc.families.importers import NotRepresentable
 from glmc.families.transformer.hf import TableImporter
-from glmc.families.transformer.rewrite import centre, fold_final_norm, fold_norm, lm_head
+from glmc.families.transformer.rewrite import centre, fold_final_norm, fold_norm
 from glmc.families.transformer.stock import base_config, require_stock_form, rotary_of
 from glmc.families.transformer.tables import TABLES
 from glmc.model import CanonicalModel
@@ -69,7 +69,7 @@ class GPTNeoXImporter(TableImporter):
             out[f"{m}.fc.weight"], out[f"{m}.fc.bias"] = centre(w, 1), b
             out[f"{m}.proj.weight"] = centre(s[f"{p}.mlp.dense_4h_to_h.weight"], 0)
             out[f"{m}.proj.bias"] = centre(s[f"{p}.mlp.dense_4h_to_h.bias"], 0)
-        head = lm_head(s, f"{t}.embed_in.weight")
+        head = self.head_weight(s)
         final = fold_final_norm(head, s[f"{t}.final_layer_norm.weight"],
                                 s[f"{t}.final_layer_norm.bias"])
         out |= final

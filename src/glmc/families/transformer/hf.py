@@ -102,5 +102,11 @@ class TableImporter(Importer):
             return hf_config, state
         cfg = self.config_class().from_dict({**hf_config.to_dict(),
                                              "tie_word_embeddings": False})
-        head = state[tied.head] if tied.head in state else state[tied.embedding]
-        return cfg, {**state, tied.head: head}
+        return cfg, {**state, tied.head: self.head_weight(state)}
+
+    def head_weight(self, state: StateDict) -> torch.Tensor:
+        """The head's weight: its own tensor, or the embedding a tied head reads (read only
+        then: reads may be costly, see :mod:`glmc.io.partial`)."""
+        tied = self.table.tied
+        assert tied is not None
+        return state[tied.head] if tied.head in state else state[tied.embedding]

@@ -22,7 +22,6 @@ import torch
 from glmc.errors import GlmcError
 from glmc.families.importers import NotRepresentable
 from glmc.families.transformer.hf import TableImporter
-from glmc.families.transformer.rewrite import lm_head
 from glmc.families.transformer.stock import base_config, require_stock_form, rotary_of
 from glmc.families.transformer.tables import TABLES
 from glmc.model import CanonicalModel
@@ -74,7 +73,7 @@ class DecoderImporter(TableImporter):
                 out[f"{m}.{ours}.weight"] = w if gain is None else w * gain[None, :]
                 if biased["mlp"]:
                     out[f"{m}.{ours}.bias"] = s[f"{p}.mlp.{theirs}_proj.bias"]
-        head = lm_head(s, "model.embed_tokens.weight")
+        head = self.head_weight(s)
         out["head.weight"] = head * s["model.norm.weight"][None, :]
         cfg = base_config(
             c, "causal_lm", **self.copied_fields(c), n_kv_head=kv, head_dim=dh,
