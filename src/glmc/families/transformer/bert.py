@@ -76,23 +76,12 @@ class EncoderImporter(TableImporter):
             raise GlmcError(f"{where}: architectures {arch!r} is not supported (glmc reads "
                             f"{', '.join(sorted(names))})")
 
-    def layer_names(self, i: int, task: str) -> dict[str, str]:
-        """Canonical module -> stock module, in layer ``i``."""
-        p = f"{self.base(task)}encoder.layer.{i}"
-        return {f"blocks.{i}.attn.q": f"{p}.attention.self.query",
-                f"blocks.{i}.attn.k": f"{p}.attention.self.key",
-                f"blocks.{i}.attn.v": f"{p}.attention.self.value",
-                f"blocks.{i}.attn.o": f"{p}.attention.output.dense",
-                f"blocks.{i}.norm1": f"{p}.attention.output.LayerNorm",
-                f"blocks.{i}.mlp.fc": f"{p}.intermediate.dense",
-                f"blocks.{i}.mlp.proj": f"{p}.output.dense",
-                f"blocks.{i}.norm2": f"{p}.output.LayerNorm"}
-
     def module_names(self, c: Any, task: str) -> dict[str, str]:
         """Canonical module -> stock module, for every module with a weight and a bias."""
         names = {"embed.norm": f"{self.base(task)}embeddings.LayerNorm"}
         for i in range(c.num_hidden_layers):
-            names |= self.layer_names(i, task)
+            names |= {f"blocks.{i}.{ours}": theirs
+                      for ours, theirs in self.layer_modules(i, self.base(task)).items()}
         if task == "masked_lm":
             head, transform, _, _ = self.lm_head
             names |= {"head.dense": f"{head}.{transform}", "head.norm": self.head_norm()}

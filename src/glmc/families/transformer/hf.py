@@ -71,6 +71,12 @@ class TableImporter(Importer):
         return {ours: getattr(hf_config, theirs) for ours, theirs in self.table.fields.items()}
 
     # -- the keys --------------------------------------------------------------------------
+    def layer_modules(self, i: int, base: str = "") -> dict[str, str]:
+        """Layer ``i``'s canonical module (``attn.q``) -> its stock module's full name (under
+        ``base``, e.g. ``bert.``), as the table's ``modules`` name them."""
+        layer = base + self.table.layer.format(i=i)
+        return {ours: f"{layer}.{theirs}" for ours, theirs in self.table.modules.items()}
+
     def optional_keys(self, hf_config: Any) -> tuple[str, ...]:
         tied = self.table.tied
         head = (tied.head,) if tied is not None and hf_config.tie_word_embeddings else ()

@@ -58,21 +58,20 @@ class DecoderImporter(TableImporter):
         biased = self.biases(c)
         out: StateDict = {"embed.tok": s["model.embed_tokens.weight"]}
         for i in range(c.num_hidden_layers):
-            p, a, m = f"model.layers.{i}", f"blocks.{i}.attn", f"blocks.{i}.mlp"
-            g1, g2 = s[f"{p}.input_layernorm.weight"], s[f"{p}.post_attention_layernorm.weight"]
-            for n in "qkv":
-                out[f"{a}.{n}.weight"] = s[f"{p}.self_attn.{n}_proj.weight"] * g1[None, :]
+            n, a, m = self.layer_modules(i), f"blocks.{i}.attn", f"blocks.{i}.mlp"
+            g1, g2 = s[f"{n['norm1']}.weight"], s[f"{n['norm2']}.weight"]
+            for x in "qkv":
+                out[f"{a}.{x}.weight"] = s[f"{n['attn.' + x]}.weight"] * g1[None, :]
                 if biased["attn"]:
-                    out[f"{a}.{n}.bias"] = s[f"{p}.self_attn.{n}_proj.bias"]
-            out[f"{a}.o.weight"] = s[f"{p}.self_attn.o_proj.weight"]
+                    out[f"{a}.{x}.bias"] = s[f"{n['attn.' + x]}.bias"]
+            out[f"{a}.o.weight"] = s[f"{n['attn.o']}.weight"]
             if biased["o"]:
-                out[f"{a}.o.bias"] = s[f"{p}.self_attn.o_proj.bias"]
-            for ours, theirs, gain in (("gate", "gate", g2), ("fc", "up", g2),
-                                       ("proj", "down", None)):
-                w = s[f"{p}.mlp.{theirs}_proj.weight"]
-                out[f"{m}.{ours}.weight"] = w if gain is None else w * gain[None, :]
+                out[f"{a}.o.bias"] = s[f"{n['attn.o']}.bias"]
+            for x, gain in (("gate", g2), ("fc", g2), ("proj", None)):
+                w = s[f"{n['mlp.' + x]}.weight"]
+                out[f"{m}.{x}.weight"] = w if gain is None else w * gain[None, :]
                 if biased["mlp"]:
-                    out[f"{m}.{ours}.bias"] = s[f"{p}.mlp.{theirs}_proj.bias"]
+                    out[f"{m}.{x}.bias"] = s[f"{n['mlp.' + x]}.bias"]
         head = self.head_weight(s)
         out["head.weight"] = head * s["model.norm.weight"][None, :]
         cfg = base_config(
@@ -94,17 +93,12 @@ class DecoderImporter(TableImporter):
         out: StateDict = {"model.embed_tokens.weight": s["embed.tok"],
                           "model.norm.weight": ones, "lm_head.weight": s["head.weight"]}
         for i in range(cfg.n_layer):
-            p, a, m = f"model.layers.{i}", f"blocks.{i}.attn", f"blocks.{i}.mlp"
-            out[f"{p}.input_layernorm.weight"] = ones
-            out[f"{p}.post_attention_layernorm.weight"] = ones
-            for n in "qkvo":
+            n = self.layer_modules(i)
+            out[f"{n['norm1']}.weight"] = out[f"{n['norm2']}.weight"] = ones
+            for ours, theirs in n.items():  # (the norms have no canonical tensors)
                 for kind in ("weight", "bias"):
-                    if f"{a}.{n}.{kind}" in s:
-                        out[f"{p}.self_attn.{n}_proj.{kind}"] = s[f"{a}.{n}.{kind}"]
-            for ours, theirs in (("gate", "gate"), ("fc", "up"), ("proj", "down")):
-                for kind in ("weight", "bias"):
-                    if f"{m}.{ours}.{kind}" in s:
-                        out[f"{p}.mlp.{theirs}_proj.{kind}"] = s[f"{m}.{ours}.{kind}"]
+                    if f"blocks.{i}.{ours}.{kind}" in s:
+                        out[f"{theirs}.{kind}"] = s[f"blocks.{i}.{ours}.{kind}"]
         return hf, {k: v.clone().contiguous() for k, v in out.items()}
 
     def model_types(self) -> tuple[str, ...]:

@@ -1,7 +1,8 @@
 """One table per Hugging Face architecture: what its checkpoints are called, as plain data.
 
 A table says how a checkpoint's keys map onto the stock model's (buffers to drop, old names to
-rename, the prefix a bare ``*Model`` checkpoint lacks), which head may be tied to which
+rename, the prefix a bare ``*Model`` checkpoint lacks), which stock module each canonical one
+of a block is (both directions of a conversion read it), which head may be tied to which
 embedding, which transformers classes hold it, and which stock config field each canonical
 field is copied from. :class:`~glmc.families.transformer.hf.TableImporter` reads it (key
 handling, ties, the stock model and its call); each architecture's module holds only the
@@ -52,6 +53,11 @@ class HFTable:
         dropped_beside: (key, prefixes): the prefixes dropped where the key is present (a
             pre-training checkpoint's extra heads beside the masked-LM head).
         renames: (regex, replacement) of older checkpoint names, the first that matches.
+        layer: the stock prefix of layer ``{i}`` (under a prefix the importer adds: BERT's
+            bare encoder has none).
+        modules: a block's canonical module (``attn.q``; the norms ``norm1``, ``norm2``) ->
+            its stock module under ``layer``, where the two correspond one to one (both
+            directions read this; fused modules are the conversion's own).
         tied: the head that may be tied to the embedding, or None.
         optional: keys a checkpoint may always omit.
         checked: whether a stock config's fields are checked against those glmc knows
@@ -71,6 +77,8 @@ class HFTable:
     dropped: tuple[str, ...] = ()
     dropped_beside: tuple[tuple[str, tuple[str, ...]], ...] = ()
     renames: tuple[tuple[str, str], ...] = ()
+    layer: str = ""
+    modules: Mapping[str, str] = field(default_factory=dict)
     tied: Tied | None = None
     optional: tuple[str, ...] = ()
     checked: bool = False
@@ -87,6 +95,12 @@ def _decoder(model_type: str, stem: str) -> HFTable:
         classes={"causal_lm": f"{stem}ForCausalLM"},
         fields={**_COMMON, **_TEXT, "norm_eps": "rms_norm_eps"},
         bare_prefix="model", heads=("lm_head.",), ignored=("rotary_emb.inv_freq",),
+        layer="model.layers.{i}",
+        modules={"attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj",
+                 "attn.v": "self_attn.v_proj", "attn.o": "self_attn.o_proj",
+                 "mlp.gate": "mlp.gate_proj", "mlp.fc": "mlp.up_proj",
+                 "mlp.proj": "mlp.down_proj", "norm1": "input_layernorm",
+                 "norm2": "post_attention_layernorm"},
         tied=Tied("lm_head.weight", "model.embed_tokens.weight", ("causal_lm",)),
         checked=True, activation="silu", call={"use_cache": False})
 
@@ -102,6 +116,11 @@ def _encoder(model_type: str, stem: str, head: str, transform: str) -> HFTable:
         fields={**_COMMON, **_TEXT, "norm_eps": "layer_norm_eps",
                 "type_vocab": "type_vocab_size"},
         ignored=(".position_ids", ".token_type_ids"),  # (non-persistent buffers)
+        layer="encoder.layer.{i}",
+        modules={"attn.q": "attention.self.query", "attn.k": "attention.self.key",
+                 "attn.v": "attention.self.value", "attn.o": "attention.output.dense",
+                 "norm1": "attention.output.LayerNorm", "mlp.fc": "intermediate.dense",
+                 "mlp.proj": "output.dense", "norm2": "output.LayerNorm"},
         dropped_beside=((f"{head}.{transform}.weight",
                          (f"{model_type}.pooler.", "cls.seq_relationship.")),),
         tied=Tied(f"{head}.decoder.weight", f"{model_type}.embeddings.word_embeddings.weight",
@@ -157,6 +176,11 @@ TABLES: Mapping[str, HFTable] = MappingProxyType({t.model_type: t for t in (
                  _vit_original(r"intermediate\.dense", "mlp.fc1"),
                  _vit_original(r"output\.dense", "mlp.fc2"),
                  (r"^vit\.encoder\.layer\.(\d+)\.", r"vit.layers.\1.")),
+        layer="vit.layers.{i}",
+        modules={"attn.q": "attention.q_proj", "attn.k": "attention.k_proj",
+                 "attn.v": "attention.v_proj", "attn.o": "attention.o_proj",
+                 "mlp.fc": "mlp.fc1", "mlp.proj": "mlp.fc2", "norm1": "layernorm_before",
+                 "norm2": "layernorm_after"},
         inputs="pixel_values"),
 )})
 

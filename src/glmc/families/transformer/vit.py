@@ -39,19 +39,19 @@ class ViTImporter(TableImporter):
             "embed.pos": centre(s[f"{e}.position_embeddings"][0], 1),
         }
         for i in range(c.num_hidden_layers):
-            p, a, m = f"vit.layers.{i}", f"blocks.{i}.attn", f"blocks.{i}.mlp"
-            g1, b1 = s[f"{p}.layernorm_before.weight"], s[f"{p}.layernorm_before.bias"]
-            for n in "qkv":
-                w, b = fold_norm(s[f"{p}.attention.{n}_proj.weight"],
-                                 s.get(f"{p}.attention.{n}_proj.bias"), g1, b1)
-                out[f"{a}.{n}.weight"], out[f"{a}.{n}.bias"] = centre(w, 1), b
-            out[f"{a}.o.weight"] = centre(s[f"{p}.attention.o_proj.weight"], 0)
-            out[f"{a}.o.bias"] = centre(s[f"{p}.attention.o_proj.bias"], 0)
-            w, b = fold_norm(s[f"{p}.mlp.fc1.weight"], s[f"{p}.mlp.fc1.bias"],
-                             s[f"{p}.layernorm_after.weight"], s[f"{p}.layernorm_after.bias"])
+            n, a, m = self.layer_modules(i), f"blocks.{i}.attn", f"blocks.{i}.mlp"
+            g1, b1 = s[f"{n['norm1']}.weight"], s[f"{n['norm1']}.bias"]
+            for x in "qkv":
+                w, b = fold_norm(s[f"{n['attn.' + x]}.weight"], s.get(f"{n['attn.' + x]}.bias"),
+                                 g1, b1)
+                out[f"{a}.{x}.weight"], out[f"{a}.{x}.bias"] = centre(w, 1), b
+            out[f"{a}.o.weight"] = centre(s[f"{n['attn.o']}.weight"], 0)
+            out[f"{a}.o.bias"] = centre(s[f"{n['attn.o']}.bias"], 0)
+            w, b = fold_norm(s[f"{n['mlp.fc']}.weight"], s[f"{n['mlp.fc']}.bias"],
+                             s[f"{n['norm2']}.weight"], s[f"{n['norm2']}.bias"])
             out[f"{m}.fc.weight"], out[f"{m}.fc.bias"] = centre(w, 1), b
-            out[f"{m}.proj.weight"] = centre(s[f"{p}.mlp.fc2.weight"], 0)
-            out[f"{m}.proj.bias"] = centre(s[f"{p}.mlp.fc2.bias"], 0)
+            out[f"{m}.proj.weight"] = centre(s[f"{n['mlp.proj']}.weight"], 0)
+            out[f"{m}.proj.bias"] = centre(s[f"{n['mlp.proj']}.bias"], 0)
         settle_attention_biases(out, c.num_hidden_layers)
         w, b = fold_norm(s["classifier.weight"], s["classifier.bias"],
                          s["vit.layernorm.weight"], s["vit.layernorm.bias"])
@@ -75,16 +75,12 @@ class ViTImporter(TableImporter):
             f"{e}.position_embeddings": s["embed.pos"][None],
         }
         for i in range(cfg.n_layer):
-            p, a, m = f"vit.layers.{i}", f"blocks.{i}.attn", f"blocks.{i}.mlp"
-            for ln in ("layernorm_before", "layernorm_after"):
-                out[f"{p}.{ln}.weight"], out[f"{p}.{ln}.bias"] = ones, zeros
-            for n in "qkvo":
-                out[f"{p}.attention.{n}_proj.weight"] = s[f"{a}.{n}.weight"]
-                out[f"{p}.attention.{n}_proj.bias"] = s[f"{a}.{n}.bias"]
-            out[f"{p}.mlp.fc1.weight"], out[f"{p}.mlp.fc1.bias"] = (
-                s[f"{m}.fc.weight"], s[f"{m}.fc.bias"])
-            out[f"{p}.mlp.fc2.weight"], out[f"{p}.mlp.fc2.bias"] = (
-                s[f"{m}.proj.weight"], s[f"{m}.proj.bias"])
+            n = self.layer_modules(i)
+            for norm in ("norm1", "norm2"):  # (folded into their readers)
+                out[f"{n[norm]}.weight"], out[f"{n[norm]}.bias"] = ones, zeros
+            for ours in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc", "mlp.proj"):
+                for kind in ("weight", "bias"):
+                    out[f"{n[ours]}.{kind}"] = s[f"blocks.{i}.{ours}.{kind}"]
         out["vit.layernorm.weight"], out["vit.layernorm.bias"] = ones, zeros
         out["classifier.weight"], out["classifier.bias"] = s["head.weight"], s["head.bias"]
         return hf, {k: v.clone().contiguous() for k, v in out.items()}
