@@ -86,7 +86,7 @@ def measure(pair: Pair, cache: Path) -> dict:
 
     a, b = folders(cache, pair)
     row: dict = {"title": pair.title, "data": pair.train.data, "models": [str(a), str(b)],
-                 "train": dataclasses.asdict(pair.train), "run": provenance(), "methods": {}}
+                 "train": pair.train.flat(), "run": provenance(), "methods": {}}
     for how in pair.corrections:
         print(f"  {pair.key}: {', '.join(pair.methods)} (statistics: {how}) ...",
               file=sys.stderr, flush=True)

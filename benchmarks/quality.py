@@ -151,7 +151,7 @@ def measure(pair: Pair, cache: Path, methods: list[str]) -> dict:
                 measured[name] = rep.methods[method]
     run = provenance()
     row: dict = {"title": pair.title, "data": pair.train.data, "models": [str(a), str(b)],
-                 "train": dataclasses.asdict(pair.train), "eval_count": report.count,
+                 "train": pair.train.flat(), "eval_count": report.count,
                  "seconds": round(time.perf_counter() - t0, 1), "run": run, "methods": {}}
     for name, m in measured.items():
         row["methods"][name] = {

@@ -30,6 +30,7 @@ from typing import Any
 from glmc.barrier import AlignOptions, BarrierReport, barrier_batches, run_barrier
 from glmc.data import load_dataset
 from glmc.evaluate import Evaluator
+from glmc.families.options import train_option
 from glmc.families.registry import arch_named
 from glmc.findings import IterationStudy, learned_moves, wm_iterations
 from glmc.io.atomic import write_text
@@ -110,13 +111,13 @@ def pairs(quick: bool) -> list[DemoPair]:
 
 
 def _digest(cfg: TrainConfig) -> str:
-    d = dataclasses.asdict(cfg)
+    d = cfg.flat()  # (every family's options: the names caches were given before)
     for k in ("threads", "device", "checkpoint_every"):
         d.pop(k, None)
     # (options added with the convnets count only when set: earlier caches keep their names)
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in ("width", "norm", "base", "n_kv_head") and d[f.name] == f.default:
-            d.pop(f.name)
+    for k in ("width", "norm", "base", "n_kv_head"):
+        if d[k] == train_option(k).default:
+            d.pop(k)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -359,7 +360,7 @@ def run_demo(
         "parallel": parallel or min(2, os.cpu_count() or 1),
         "models": {p.key: {"a": str(model_folder(cache, p, 0)),
                            "b": str(model_folder(cache, p, 1)),
-                           "train": dataclasses.asdict(p.train)} for p in experiments},
+                           "train": p.train.flat()} for p in experiments},
         # (the λ of the demo's pairs, of equal widths, where the option leaves it to the pair)
         "learned_matching": dataclasses.asdict(options.learned)
         | {"lam": options.learned.lam_for(narrower=False)},

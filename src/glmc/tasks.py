@@ -80,7 +80,8 @@ class Task:
             raise GlmcError(f"{where}: models differ in task ({a.task} vs {b.task})")
         for k in self.interface:
             if getattr(a, k) != getattr(b, k):
-                raise GlmcError(f"{where}: models differ in {k} ({getattr(a, k)} vs "
+                raise GlmcError(f"{where}: models differ in {a.field_name(k, b)} "
+                                f"({getattr(a, k)} vs "
                                 f"{getattr(b, k)})")
 
 

@@ -8,7 +8,7 @@ import argparse
 from glmc.cli.common import add_allow_pickle, add_json, add_out, emit_json
 from glmc.cli.main import add_command
 from glmc.cli.options import check_at_least
-from glmc.families.convnet import NORMS
+from glmc.families.options import train_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_out(p, "output model folder (replaced atomically)")
     p.add_argument("--arch", default=None,
                    help="architecture (mlp, vgg11, vgg16, resnet20); default: from the names")
-    p.add_argument("--norm", choices=NORMS, default=None,
+    p.add_argument("--norm", choices=train_option("norm").choices, default=None,
                    help="the norm layers; default: from the tensors (needed for a channel "
                    "LayerNorm, which stores no running statistics)")
     p.add_argument("--image-size", type=int, default=None,

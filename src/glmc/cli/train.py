@@ -11,7 +11,8 @@ from pathlib import Path
 from glmc.cli.common import add_json, add_out, emit_json
 from glmc.cli.main import add_command
 from glmc.data.catalog import DATASETS, PATH_HELP
-from glmc.families.convnet import NORMS
+from glmc.families import ARCHS as DECLARED
+from glmc.families.options import TRAIN_OPTIONS
 from glmc.training.options import ARCHS, TrainConfig, check_train_output
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -20,20 +21,17 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(
         sub, "train",
-        "Train a model from scratch with AdamW and a warm-up + cosine schedule: a GPT-2, "
-        "Llama or GPT-NeoX (text), a BERT masked LM (text, 15 percent of tokens masked) or a ViT "
-        "(images), written as a Hugging Face folder with its tokenizer, or one "
-        "of Git Re-Basin's MLP, VGG and ResNet-20 (images), written as a glmc folder; with a "
-        "training log (glmc_train.json). Checkpoints go to .OUT.ckpt beside OUT until the run "
-        "completes.",
+        "Train a model from scratch with AdamW and a warm-up + cosine schedule: a "
+        "transformer (--arch below), written as a Hugging Face folder with its tokenizer, or "
+        "one of Git Re-Basin's convnets, written as a glmc folder; with a training log "
+        "(glmc_train.json). Each family's options are listed under its own heading. "
+        "Checkpoints go to .OUT.ckpt beside OUT until the run completes.",
         "glmc train --arch gpt2 --data shakespeare --seed 1 -o runs/gpt-a --n-layer 2 "
         "--n-embd 64 --steps 500",
     )
     d = _DEFAULTS
     p.add_argument("--arch", choices=ARCHS, required=True,
-                   help="gpt2, llama, gpt-neox: causal LMs on text; bert: BertForMaskedLM on "
-                   "text; vit: ViTForImageClassification, mlp: 3 hidden layers of 512, "
-                   "vgg11/vgg16, resnet20: on images")
+                   help="; ".join(f"{a}: {DECLARED.info(a, 'help')}" for a in ARCHS))
     p.add_argument("--data", required=True, metavar="D",
                    help=f"dataset name ({', '.join(DATASETS)}) or a path: {PATH_HELP}")
     p.add_argument("--seed", type=int, default=d["seed"],
@@ -47,29 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "while a checkpoint exists, a run without --resume needs --force, which "
                    "discards it")
 
-    g = p.add_argument_group("model")
-    g.add_argument("--n-layer", type=int, default=d["n_layer"], help="transformer blocks")
-    g.add_argument("--n-embd", type=int, default=d["n_embd"], help="residual width d")
-    g.add_argument("--n-head", type=int, default=d["n_head"], help="attention heads")
-    g.add_argument("--n-inner", "--mlp", type=int, default=d["n_inner"], dest="n_inner",
-                   help="MLP hidden width; unset: 4 x n-embd (llama: 8/3 x n-embd)")
-    g.add_argument("--n-kv-head", type=int, default=d["n_kv_head"],
-                   help="llama: key/value heads (grouped-query attention; must divide "
-                   "--n-head); unset: one per two query heads")
+    g = p.add_argument_group("data and model")
     g.add_argument("--context", type=int, default=d["context"],
                    help="text models' window length (their n_positions)")
-    g.add_argument("--patch-size", type=int, default=d["patch_size"],
-                   help="ViT patch side; must divide the image side")
-    g.add_argument("--width", type=int, default=d["width"],
-                   help="mlp, vgg, resnet20: multiplier of every hidden width")
-    g.add_argument("--norm", choices=NORMS, default=d["norm"],
-                   help="vgg, resnet20: BatchNorm, LayerNorm over channels, or none")
-    g.add_argument("--base", type=int, default=d["base"],
-                   help="mlp, vgg, resnet20: first-stage width before --width (unset: the "
-                   "architecture's own: 512 units, 64 or 16 channels)")
     g.add_argument("--tokenizer", choices=("char", "gpt2"), default=d["tokenizer"],
                    help="text tokenizer (char: the data's sorted characters)")
     g.add_argument("--dropout", type=float, default=d["dropout"], help="every dropout rate")
+    add_family_options(p)
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=int, default=d["steps"], help="optimiser steps")
@@ -103,9 +85,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, check=check)
 
 
+def add_family_options(p: argparse.ArgumentParser) -> None:
+    """One group per family, of the training options it declares (glmc.families.options)."""
+    for family in TRAIN_OPTIONS.values():
+        archs = [a for a in ARCHS if DECLARED.info(a, "family") == family.family]
+        g = p.add_argument_group(f"{family.family} options ({', '.join(archs)})")
+        for o in family.options:
+            g.add_argument(o.flag, *o.aliases, type=o.type, default=o.default, dest=o.name,
+                           choices=o.choices, help=o.help)
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The TrainConfig named by the parsed options."""
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    """The TrainConfig named by the parsed options (another family's options, which every
+    run's command line takes, are not the run's)."""
+    names = TrainConfig.option_names()
     return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
 
 

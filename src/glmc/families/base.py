@@ -82,6 +82,12 @@ class ModelConfig:
         """The model in a few words, for messages."""
         return f"a {self.family} model"
 
+    def field_name(self, name: str, other: Any = None) -> str:
+        """How the user's own config calls canonical field ``name`` (the stock config field
+        it was copied from, for a model imported from one), for messages; else ``name``.
+        With ``other``, the name both configs call it by, else ``name``."""
+        return name
+
     def differences(self, other: Any) -> list[str]:
         """The fields in which ``other`` (a config of the same class) differs, in words
         (``"n_layer (2 in A, 3 in B)"``): the stock configs' own fields where both models came

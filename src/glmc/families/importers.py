@@ -21,8 +21,10 @@ class NotRepresentable(Exception):
 class Importer:
     """Converts one stock architecture (a transformers class) to and from canonical form.
 
-    Subclasses implement ``stock_model``, ``to_canonical`` and ``to_stock``; a family's
-    package declares which transformers ``config.model_type`` values each reads
+    Subclasses implement ``stock_model``, ``to_canonical`` and ``to_stock`` (a Hugging Face
+    architecture's names and key handling come from its table, read by
+    ``glmc.families.transformer.hf.TableImporter``); a family's package declares which
+    transformers ``config.model_type`` values each reads
     (:func:`glmc.families.registry.declare_importer`).
     """
 

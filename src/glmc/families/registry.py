@@ -6,8 +6,8 @@ asked for. So the command line lists every architecture and checks ``--arch`` wi
 importing torch, and there is one definition of each name: its declaration.
 
     declare_family("transformer", "glmc.families.transformer.family:TransformerFamily")
-    declare_arch("gpt2", task="causal_lm", help="GPT2LMHeadModel on text",
-                 impl="glmc.families.transformer.train:GPT2Arch")
+    declare_arch("gpt2", family="transformer", task="causal_lm",
+                 help="GPT2LMHeadModel on text", impl="glmc.families.transformer.train:GPT2Arch")
     declare_importer(("gpt2",), "glmc.families.transformer.gpt2:GPT2Importer")
 """
 
@@ -74,7 +74,7 @@ class Registry(Mapping[str, T]):
 #: Family name -> :class:`~glmc.families.base.Family`.
 FAMILIES: Registry[Any] = Registry("family")
 #: Architecture name (``glmc train --arch``) -> :class:`~glmc.families.base.Arch`; each entry's
-#: info holds its ``task`` and ``help``.
+#: info holds its ``family``, ``task`` and ``help``.
 ARCHS: Registry[Any] = Registry("architecture")
 #: transformers' ``config.model_type`` -> :class:`~glmc.families.importers.Importer`.
 IMPORTERS: Registry[Any] = Registry("importer")
@@ -84,8 +84,8 @@ def declare_family(name: str, impl: str) -> None:
     FAMILIES.declare(name, impl)
 
 
-def declare_arch(name: str, *, task: str, help: str, impl: str) -> None:
-    ARCHS.declare(name, impl, name=name, task=task, help=help)
+def declare_arch(name: str, *, family: str, task: str, help: str, impl: str) -> None:
+    ARCHS.declare(name, impl, name=name, family=family, task=task, help=help)
 
 
 def declare_importer(model_types: tuple[str, ...], impl: str) -> None:

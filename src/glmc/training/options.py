@@ -14,7 +14,7 @@ from typing import Any
 
 from glmc.errors import GlmcError
 from glmc.families import ARCHS as _DECLARED_ARCHS
-from glmc.families.convnet import NORMS
+from glmc.families.options import TRAIN_OPTIONS, FamilyOptions, declared_names, options_of
 
 #: The names of the architectures ``glmc train`` trains: those the families declare
 #: (``glmc.families.ARCHS``, torch-free).
@@ -25,15 +25,19 @@ ARCHS: tuple[str, ...] = tuple(_DECLARED_ARCHS)
 RUNTIME_FIELDS: frozenset[str] = frozenset({"threads", "device", "checkpoint_every"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class TrainConfig:
-    """Everything that defines a training run (same config and seed: same weights).
+    """Everything that defines a training run (same config and seed: same weights): the
+    options every run has, below, and those of the architecture's family, which declares them
+    (:mod:`glmc.families.options`: the transformers' ``n_layer``, ``n_embd``, ``n_head``,
+    ``n_inner``, ``n_kv_head``, ``patch_size``; the convnets' ``width``, ``norm``, ``base``),
+    read as attributes (``cfg.n_layer``) and given as keywords::
 
-    Each architecture (:data:`glmc.families.ARCHS`) reads the shape options that apply to it:
-    the transformers ``n_layer``/``n_embd``/``n_head``/``n_inner`` (for ViT
-    ``num_hidden_layers``/``hidden_size``/``num_attention_heads``/``intermediate_size``), the
-    convnets ``width``/``norm``/``base``. Vocabulary, image size, channels and classes come
-    from the data.
+        TrainConfig(arch="gpt2", data="shakespeare", n_layer=2, n_embd=64, steps=500)
+
+    Another family's option is not the run's (it changes nothing of its weights): given, it
+    is dropped, so that records written when every run held every option still read.
+    Vocabulary, image size, channels and classes come from the data.
 
     Attributes:
         arch: an architecture name (:data:`ARCHS`): ``"gpt2"``, ``"llama"``, ``"gpt-neox"``
@@ -44,17 +48,8 @@ class TrainConfig:
         seed: initialisation, batch order and dropout.
         data_seed: the train/val/test split of image datasets (text splits are contiguous). Keep
             it fixed across models that will be compared, so they share their test set.
-        n_layer, n_embd, n_head: depth, residual width ``d``, attention heads (must divide ``d``).
-        n_inner: MLP hidden width; ``None`` means ``4 * n_embd`` (Llama: 8/3 of it).
-        n_kv_head: Llama's key/value heads (grouped-query attention; must divide ``n_head``);
-            ``None``: one per two query heads.
-        context: GPT-2 window length ``T`` (also its ``n_positions``); ignored for ViT.
-        patch_size: ViT patch side; must divide the image side. Ignored for GPT-2.
-        width: channel (or unit) multiplier of the convnets (mlp, vgg, resnet20).
-        norm: the convnets' norm: ``"batch"``, ``"layer"`` (over channels, as Git Re-Basin's
-            width sweep) or ``"none"`` (the MLP has none).
-        base: the convnets' first-stage channels (VGG 64, ResNet-20 16, MLP 512 units) before
-            ``width``; ``None``: the architecture's own.
+        context: the window length ``T`` of text (a text model's ``n_positions``); ignored
+            for images.
         tokenizer: ``"char"`` or ``"gpt2"`` (BPE), text only.
         dropout: every dropout probability of the model (0 keeps runs deterministic).
         steps, batch_size: optimiser steps and examples (windows or images) per step.
@@ -68,22 +63,14 @@ class TrainConfig:
         checkpoint_every: write a resumable checkpoint every this many steps (0: never).
         threads: ``torch.set_num_threads``; ``None``: ``os.cpu_count()``.
         device: ``"cpu"`` or ``"cuda"`` (bit-identical resumption is only promised on CPU).
+        family_options: the family's options, (name, value) in their declared order.
     """
 
     arch: str
     data: str
     seed: int = 0
     data_seed: int = 0
-    n_layer: int = 2
-    n_embd: int = 64
-    n_head: int = 4
-    n_inner: int | None = None
-    n_kv_head: int | None = None
     context: int = 64
-    patch_size: int = 4
-    width: int = 1
-    norm: str = "batch"
-    base: int | None = None
     tokenizer: str = "char"
     dropout: float = 0.0
     steps: int = 500
@@ -98,11 +85,32 @@ class TrainConfig:
     checkpoint_every: int = 100
     threads: int | None = None
     device: str = "cpu"
+    family_options: tuple[tuple[str, Any], ...] = ()
 
-    @property
-    def mlp_width(self) -> int:
-        """The MLP hidden width actually used."""
-        return self.n_inner if self.n_inner is not None else 4 * self.n_embd
+    def __init__(self, arch: str, data: str, family_options: tuple[tuple[str, Any], ...] = (),
+                 **options: Any) -> None:
+        family = _family_of(arch)
+        common = _common_names()
+        mine = {**family.defaults, **dict(family_options)}
+        others = declared_names()
+        for name, value in options.items():
+            if name in common:
+                object.__setattr__(self, name, value)
+            elif name in mine or (name in others and not family.family):
+                mine[name] = value  # (an unknown arch keeps them: validate refuses it)
+            elif name not in others:
+                raise TypeError(f"TrainConfig got an unexpected keyword argument {name!r}")
+        object.__setattr__(self, "arch", arch)
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "family_options", tuple(mine.items()))
+
+    def __getattr__(self, name: str) -> Any:
+        # (only called for names that are not fields: the family's options)
+        for key, value in self.__dict__.get("family_options", ()):
+            if key == name:
+                return value
+        raise AttributeError(f"--arch {self.__dict__.get('arch')} has no training option "
+                             f"{name!r}")
 
     @property
     def warmup_steps(self) -> int:
@@ -115,20 +123,33 @@ class TrainConfig:
         return self.threads if self.threads is not None else (os.cpu_count() or 1)
 
     def to_json(self) -> dict[str, Any]:
-        """The fields as a JSON-ready dict."""
-        return dataclasses.asdict(self)
+        """The fields as a JSON-ready dict, the family's options among them (flat)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        family = dict(out.pop("family_options"))
+        return out | family
+
+    def flat(self) -> dict[str, Any]:
+        """:meth:`to_json` with every family's options, others' at their defaults (the form
+        of the records written when every run held every option)."""
+        every = {k: v for f in TRAIN_OPTIONS.values() for k, v in f.defaults.items()}
+        return {**every, **self.to_json()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: str = "training config") -> TrainConfig:
-        """Rebuild from :meth:`to_json` output (unknown keys are an error)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        """Rebuild from :meth:`to_json` output (unknown keys are an error; another family's
+        options, which older records hold, are dropped)."""
+        unknown = sorted(set(data) - cls.option_names())
         if unknown:
             raise GlmcError(f"{source}: unknown training option {unknown[0]!r}")
         try:
             return cls(**data)
         except TypeError as e:
             raise GlmcError(f"{source}: invalid training config ({e})") from None
+
+    @staticmethod
+    def option_names() -> set[str]:
+        """Every option a config may be given: the common ones and every family's."""
+        return _common_names() | declared_names() | {"arch", "data"}
 
     def identity(self) -> dict[str, Any]:
         """The fields that must agree for a checkpoint to be resumed (all but runtime ones)."""
@@ -138,21 +159,14 @@ class TrainConfig:
         """Raise GlmcError on an impossible option (checked before any data is read)."""
         if self.arch not in ARCHS:
             raise GlmcError(f"unknown architecture {self.arch!r}: choose one of {', '.join(ARCHS)}")
+        family = _family_of(self.arch)
+        values = dict(self.family_options)
+        for option in family.options:
+            option.check(values[option.name])
         positive = {
-            "n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": self.n_head,
-            "context": self.context, "patch_size": self.patch_size, "steps": self.steps,
-            "batch_size": self.batch_size, "eval_batches": self.eval_batches,
-            "log_every": self.log_every,
+            "context": self.context, "steps": self.steps, "batch_size": self.batch_size,
+            "eval_batches": self.eval_batches, "log_every": self.log_every,
         }
-        if self.n_inner is not None:
-            positive["n_inner"] = self.n_inner
-        if self.n_kv_head is not None:
-            positive["n_kv_head"] = self.n_kv_head
-        positive["width"] = self.width
-        if self.base is not None:
-            positive["base"] = self.base
-        if self.norm not in NORMS:
-            raise GlmcError(f"norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
         if self.threads is not None:
             positive["threads"] = self.threads
         for name, value in positive.items():
@@ -166,14 +180,8 @@ class TrainConfig:
         for name, value in non_negative.items():
             if value < 0:
                 raise GlmcError(f"{name} must be >= 0, got {value}")
-        if self.n_embd % self.n_head:
-            raise GlmcError(
-                f"n_head {self.n_head} does not divide n_embd {self.n_embd} (head width must be "
-                "an integer)"
-            )
-        if self.n_kv_head is not None and self.n_head % self.n_kv_head:
-            raise GlmcError(f"n_kv_head {self.n_kv_head} does not divide n_head {self.n_head} "
-                            "(each key/value head serves a whole group of query heads)")
+        if family.check is not None:
+            family.check(values)
         if not self.lr > 0:
             raise GlmcError(f"lr must be positive, got {self.lr}")
         if not 0 <= self.dropout < 1:
@@ -182,6 +190,15 @@ class TrainConfig:
             raise GlmcError(f"warmup {self.warmup_steps} exceeds steps {self.steps}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise GlmcError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+
+
+def _common_names() -> set[str]:
+    return {f.name for f in dataclasses.fields(TrainConfig)} - {"arch", "data", "family_options"}
+
+
+def _family_of(arch: str) -> FamilyOptions:
+    """The options of ``arch``'s family (none for an unknown arch: ``validate`` refuses it)."""
+    return options_of(arch) or FamilyOptions("", ())
 
 
 def check_train_output(out: str | Path, cfg: TrainConfig, force: bool) -> None:

@@ -4,12 +4,15 @@ and channels carry permutation symmetries (BatchNorm, a channel LayerNorm or no 
 - ``family``: the family (:class:`ConvNetFamily`: probes, plain state dicts);
 - ``config``: :class:`ConvNetConfig`; ``modules``: the modules and ``build``;
 - ``spec``: their symmetry spec; ``layouts``: plain state dicts read by name (torchvision's
-  names); ``train``: the architectures ``glmc train`` trains.
+  names); ``train``: the architectures ``glmc train`` trains; ``options``: the training
+  options they take (torch-free).
 
 This module only declares them (torch-free); each loads on first use.
 """
 
 from glmc._lazy import lazy_exports
+from glmc.families.convnet.options import NORMS, OPTIONS
+from glmc.families.options import declare_train_options
 from glmc.families.registry import declare_arch, declare_family
 
 _HERE = "glmc.families.convnet"
@@ -22,12 +25,12 @@ _DECLARED = (  # (arch, class in .train, help)
 )
 #: The convnet architectures (``ConvNetConfig.arch``, ``glmc train --arch``).
 ARCHS: tuple[str, ...] = tuple(name for name, _, _ in _DECLARED)
-#: Their norms (``ConvNetConfig.norm``, ``glmc train --norm``).
-NORMS: tuple[str, ...] = ("batch", "layer", "none")
 
 declare_family("convnet", f"{_HERE}.family:ConvNetFamily")
+declare_train_options("convnet", OPTIONS)
 for _name, _class, _help in _DECLARED:
-    declare_arch(_name, task="image_classifier", help=_help, impl=f"{_HERE}.train:{_class}")
+    declare_arch(_name, family="convnet", task="image_classifier", help=_help,
+                 impl=f"{_HERE}.train:{_class}")
 
 # The family's code, loaded on first use (it imports torch).
 _EXPORTS = {

@@ -9,13 +9,17 @@ its post-norm form, whose stream keeps its LayerNorms and a permutation symmetry
   RoBERTa): importers from the transformers classes and back; ``stock``, ``rewrite``: what
   they share; ``circuit``: attention in circuit form;
 - ``train``: the stock architectures ``glmc train`` trains (``gpt2``, ``vit``, ``llama``,
-  ``gpt-neox``, ``bert``).
+  ``gpt-neox``, ``bert``); ``options``: the training options they take;
+- ``tables``: each Hugging Face architecture's names, as data; ``hf``: the importer that
+  reads them.
 
 This module only declares them (torch-free); each loads on first use.
 """
 
 from glmc._lazy import lazy_exports
+from glmc.families.options import declare_train_options
 from glmc.families.registry import declare_arch, declare_family, declare_importer
+from glmc.families.transformer.options import OPTIONS, check
 
 _HERE = "glmc.families.transformer"
 
@@ -28,16 +32,18 @@ declare_importer(("qwen2",), f"{_HERE}.llama:Qwen2Importer")
 declare_importer(("gpt_neox",), f"{_HERE}.gpt_neox:GPTNeoXImporter")
 declare_importer(("bert",), f"{_HERE}.bert:BertImporter")
 declare_importer(("roberta",), f"{_HERE}.bert:RobertaImporter")
-declare_arch("gpt2", task="causal_lm", help="GPT2LMHeadModel on text",
-             impl=f"{_HERE}.train:GPT2Arch")
-declare_arch("vit", task="image_classifier", help="ViTForImageClassification on images",
-             impl=f"{_HERE}.train:ViTArch")
-declare_arch("llama", task="causal_lm", help="LlamaForCausalLM (grouped-query attention, "
-             "SwiGLU, rotary) on text", impl=f"{_HERE}.train:LlamaArch")
-declare_arch("gpt-neox", task="causal_lm", help="GPTNeoXForCausalLM as in Pythia (partial "
-             "rotary, parallel residual) on text", impl=f"{_HERE}.train:GPTNeoXArch")
-declare_arch("bert", task="masked_lm", help="BertForMaskedLM (post-LayerNorm encoder) on "
-             "text, 15 percent of tokens masked", impl=f"{_HERE}.train:BertArch")
+declare_train_options("transformer", OPTIONS, check=check)
+for _name, _task, _class, _help in (
+        ("gpt2", "causal_lm", "GPT2Arch", "GPT2LMHeadModel on text"),
+        ("vit", "image_classifier", "ViTArch", "ViTForImageClassification on images"),
+        ("llama", "causal_lm", "LlamaArch",
+         "LlamaForCausalLM (grouped-query attention, SwiGLU, rotary) on text"),
+        ("gpt-neox", "causal_lm", "GPTNeoXArch",
+         "GPTNeoXForCausalLM as in Pythia (partial rotary, parallel residual) on text"),
+        ("bert", "masked_lm", "BertArch",
+         "BertForMaskedLM (post-LayerNorm encoder) on text, 15 percent of tokens masked")):
+    declare_arch(_name, family="transformer", task=_task, help=_help,
+                 impl=f"{_HERE}.train:{_class}")
 
 # The family's code, loaded on first use (it imports torch).
 _EXPORTS = {

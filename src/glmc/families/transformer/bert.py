@@ -30,64 +30,38 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from transformers import (
-    BertConfig,
-    BertForMaskedLM,
-    BertForSequenceClassification,
-    BertModel,
-    RobertaConfig,
-    RobertaForMaskedLM,
-    RobertaForSequenceClassification,
-    RobertaModel,
-)
 
 from glmc.errors import GlmcError
-from glmc.families.importers import Importer
+from glmc.families.transformer.hf import TableImporter
 from glmc.families.transformer.rewrite import settle_attention_biases
-from glmc.families.transformer.stock import (
-    base_config,
-    check_activation,
-    check_config_keys,
-    require_stock_form,
-)
+from glmc.families.transformer.stock import base_config, require_stock_form
+from glmc.families.transformer.tables import TABLES
 from glmc.model import CanonicalModel
 from glmc.tensors import StateDict
 
-#: Config fields of older encoder checkpoints that change nothing here (when their value is
-#: the one glmc reads), and the mask token id glmc's own masked-LM training records.
-_ALSO = ("position_embedding_type", "gradient_checkpointing", "mask_token_id",
-         "classifier_dropout", "output_past")
-_BUFFERS = (".position_ids", ".token_type_ids")  # (non-persistent buffers older files stored)
 
+class EncoderImporter(TableImporter):
+    """The BERT layout under ``prefix``; RoBERTa differs in its positions and head names.
 
-class EncoderImporter(Importer):
-    """The BERT layout under ``prefix``; RoBERTa differs in its positions and head names."""
+    Its task is the head a config's ``architectures`` names (a masked LM when it names none;
+    the bare encoder, whose output is the stream itself, for ``BertModel``/``RobertaModel``).
+    """
 
-    prefix: ClassVar[str]
-    hf_config_class: ClassVar[type]
-    classes: ClassVar[dict[str, type]]  # task -> transformers class
     #: The masked-LM head's modules (transform, its norm, decoder, bias) under its prefix.
     lm_head: ClassVar[tuple[str, str, str, str]]
     #: The classifier's (pooler, output) modules.
     classifier: ClassVar[tuple[str, str]]
 
-    def config_class(self) -> type:
-        return self.hf_config_class
-
-    def task(self, hf_config: Any) -> str:
-        """The head a config's ``architectures`` names (a masked LM when it names none; the
-        bare encoder, whose output is the stream itself, for ``BertModel``/``RobertaModel``)."""
-        arch = (getattr(hf_config, "architectures", None) or [""])[0]
-        if arch == self.classes["features"].__name__:
-            return "features"
-        return "sequence_classifier" if arch.endswith("ForSequenceClassification") else "masked_lm"
+    @property
+    def prefix(self) -> str:
+        """The stock names' prefix under a head: the model type (``bert``, ``roberta``)."""
+        return self.table.model_type
 
     def base(self, task: str) -> str:
         """The stock names' prefix: none for the bare encoder, ``bert.`` under a head."""
         return "" if task == "features" else f"{self.prefix}."
 
-    def check_config(self, raw: dict, where: str) -> None:
-        check_config_keys(raw, self.hf_config_class, where, also=_ALSO)
+    def check_fields(self, raw: dict, where: str) -> None:
         position = raw.get("position_embedding_type", "absolute")
         if position != "absolute":
             raise GlmcError(f"{where}: position_embedding_type {position!r} is not supported "
@@ -95,58 +69,19 @@ class EncoderImporter(Importer):
         for key in ("is_decoder", "add_cross_attention"):
             if raw.get(key):
                 raise GlmcError(f"{where}: {key} is true; glmc reads encoders only")
-        names = {c.__name__ for c in self.classes.values()}
-        stem = self.classes["masked_lm"].__name__.removesuffix("ForMaskedLM")
+        names = set(self.table.classes.values())
+        stem = self.table.classes["masked_lm"].removesuffix("ForMaskedLM")
         arch = (raw.get("architectures") or [""])[0]
         if arch and arch not in names | {f"{stem}ForPreTraining"}:
             raise GlmcError(f"{where}: architectures {arch!r} is not supported (glmc reads "
                             f"{', '.join(sorted(names))})")
-        check_activation(raw, where, "gelu")
-
-    def stock_model(self, hf_config: Any) -> torch.nn.Module:
-        hf_config._attn_implementation = "sdpa"
-        return self.classes[self.task(hf_config)](hf_config).eval()
-
-    def optional_keys(self, hf_config: Any) -> tuple[str, ...]:
-        head, _, decoder, _ = self.lm_head
-        return (f"{head}.{decoder}.weight", f"{head}.{decoder}.bias")
-
-    def normalize_keys(self, state: StateDict) -> StateDict:
-        """Buffers dropped; a pre-training checkpoint's pooler and next-sentence head too."""
-        head, transform = self.lm_head[:2]
-        masked = f"{head}.{transform}.weight" in state
-        skip = (f"{self.prefix}.pooler.", "cls.seq_relationship.") if masked else ()
-        return {k: v for k, v in state.items()
-                if not k.endswith(_BUFFERS) and not (skip and k.startswith(skip))}
-
-    def untied(self, hf_config: Any, state: StateDict) -> tuple[Any, StateDict]:
-        """A tied decoder becomes a copy of the word embeddings."""
-        if not hf_config.tie_word_embeddings or self.task(hf_config) != "masked_lm":
-            return hf_config, state
-        cfg = self.hf_config_class.from_dict({**hf_config.to_dict(),
-                                              "tie_word_embeddings": False})
-        head, _, decoder, _ = self.lm_head
-        name = f"{head}.{decoder}.weight"
-        tok = state[f"{self.base('masked_lm')}embeddings.word_embeddings.weight"]
-        return cfg, {**state, name: state.get(name, tok)}
-
-    def layer_names(self, i: int, task: str) -> dict[str, str]:
-        """Canonical module -> stock module, in layer ``i``."""
-        p = f"{self.base(task)}encoder.layer.{i}"
-        return {f"blocks.{i}.attn.q": f"{p}.attention.self.query",
-                f"blocks.{i}.attn.k": f"{p}.attention.self.key",
-                f"blocks.{i}.attn.v": f"{p}.attention.self.value",
-                f"blocks.{i}.attn.o": f"{p}.attention.output.dense",
-                f"blocks.{i}.norm1": f"{p}.attention.output.LayerNorm",
-                f"blocks.{i}.mlp.fc": f"{p}.intermediate.dense",
-                f"blocks.{i}.mlp.proj": f"{p}.output.dense",
-                f"blocks.{i}.norm2": f"{p}.output.LayerNorm"}
 
     def module_names(self, c: Any, task: str) -> dict[str, str]:
         """Canonical module -> stock module, for every module with a weight and a bias."""
         names = {"embed.norm": f"{self.base(task)}embeddings.LayerNorm"}
         for i in range(c.num_hidden_layers):
-            names |= self.layer_names(i, task)
+            names |= {f"blocks.{i}.{ours}": theirs
+                      for ours, theirs in self.layer_modules(i, self.base(task)).items()}
         if task == "masked_lm":
             head, transform, _, _ = self.lm_head
             names |= {"head.dense": f"{head}.{transform}", "head.norm": self.head_norm()}
@@ -179,15 +114,10 @@ class EncoderImporter(Importer):
             # (the decoder's own bias is the one applied; tied to the head's, a file may
             # store only the latter)
             out["head.bias"] = s.get(f"{head}.{decoder}.bias", s[f"{head}.{bias}"])
-        h = c.num_attention_heads
         cfg = base_config(
-            c, task, d_model=c.hidden_size, n_layer=c.num_hidden_layers, n_head=h,
-            head_dim=c.hidden_size // h, d_mlp=c.intermediate_size, activation=c.hidden_act,
-            norm_eps=c.layer_norm_eps, vocab_size=c.vocab_size,
-            n_positions=c.max_position_embeddings,
+            c, task, **self.copied_fields(c), head_dim=c.hidden_size // c.num_attention_heads,
             num_labels=c.num_labels if task == "sequence_classifier" else 0,
-            head_bias=task != "features",
-            norm_position="post", type_vocab=c.type_vocab_size,
+            head_bias=task != "features", norm_position="post",
             head_activation=self.head_activation(c), tied_head=tied,
             position_pad_id=self.position_pad_id(c),
             mask_token_id=getattr(c, "mask_token_id", None),
@@ -204,9 +134,9 @@ class EncoderImporter(Importer):
         tied = (cfg.tied_head and torch.equal(s["head.weight"], s["embed.tok"])
                 if cfg.task == "masked_lm"  # (a classifier has no decoder: as it came)
                 else cfg.source["config"].get("tie_word_embeddings", True))
-        hf = self.hf_config_class.from_dict({
+        hf = self.config_class().from_dict({
             **cfg.source["config"], "tie_word_embeddings": tied,
-            "architectures": [self.classes[cfg.task].__name__]})
+            "architectures": [self.table.classes[cfg.task]]})
         e = f"{self.base(cfg.task)}embeddings"
         out: StateDict = {f"{e}.word_embeddings.weight": s["embed.tok"],
                           f"{e}.position_embeddings.weight": s["embed.pos"],
@@ -219,17 +149,9 @@ class EncoderImporter(Importer):
             out[f"{head}.{decoder}.weight"] = s["head.weight"]
         return hf, {k: v.clone().contiguous() for k, v in out.items()}
 
-    def stock_logits(self, stock: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        out = stock(input_ids=x)
-        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits
-
 
 class BertImporter(EncoderImporter):
-    name = "bert"
-    prefix = "bert"
-    hf_config_class = BertConfig
-    classes = {"masked_lm": BertForMaskedLM, "sequence_classifier": BertForSequenceClassification,
-               "features": BertModel}
+    table = TABLES["bert"]
     lm_head = ("cls.predictions", "transform.dense", "decoder", "bias")
     classifier = ("bert.pooler.dense", "classifier")
 
@@ -241,12 +163,7 @@ class RobertaImporter(EncoderImporter):
     """RoBERTa: positions counted from ``pad_token_id + 1`` over the tokens that are not
     padding; the masked-LM head's activation is GELU whatever ``hidden_act`` says."""
 
-    name = "roberta"
-    prefix = "roberta"
-    hf_config_class = RobertaConfig
-    classes = {"masked_lm": RobertaForMaskedLM,
-               "sequence_classifier": RobertaForSequenceClassification,
-               "features": RobertaModel}
+    table = TABLES["roberta"]
     lm_head = ("lm_head", "dense", "decoder", "bias")
     classifier = ("classifier.dense", "classifier.out_proj")
 

@@ -13,54 +13,26 @@ import math
 from typing import Any
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config
 
 from glmc.errors import GlmcError
-from glmc.families.importers import Importer, NotRepresentable
+from glmc.families.importers import NotRepresentable
+from glmc.families.transformer.hf import TableImporter
 from glmc.families.transformer.rewrite import (
     NORM_F_BIAS_MIN_GAMMA,
     centre,
     fold_final_norm,
     fold_norm,
-    lm_head,
     settle_attention_biases,
 )
 from glmc.families.transformer.stock import base_config, require_stock_form
+from glmc.families.transformer.tables import TABLES
 from glmc.model import CanonicalModel
 from glmc.tensors import StateDict
 
-_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers of old files
 
-class GPT2Importer(Importer):
-    name = "gpt2"
-
-    def config_class(self) -> type:
-        return GPT2Config
-
-    def stock_model(self, hf_config: Any) -> GPT2LMHeadModel:
-        hf_config._attn_implementation = "sdpa"  # exact in float64, unlike eager's float32 softmax
-        return GPT2LMHeadModel(hf_config).eval()
-
-    def optional_keys(self, hf_config: Any) -> tuple[str, ...]:
-        return ("lm_head.weight",) if hf_config.tie_word_embeddings else ()
-
-    def normalize_keys(self, state: StateDict) -> StateDict:
-        out = {}
-        for k, v in state.items():
-            if k.endswith(_IGNORED_SUFFIXES):
-                continue
-            if not k.startswith(("transformer.", "lm_head.")):
-                k = "transformer." + k  # a GPT2Model checkpoint
-            out[k] = v
-        return out
-
-    def untied(self, hf_config: Any, state: StateDict) -> tuple[Any, StateDict]:
-        """A tied head becomes ``lm_head.weight``, a copy of ``wte``."""
-        if not hf_config.tie_word_embeddings:
-            return hf_config, state
-        cfg = GPT2Config.from_dict({**hf_config.to_dict(), "tie_word_embeddings": False})
-        head = lm_head(state, "transformer.wte.weight")
-        return cfg, {**state, "lm_head.weight": head}
+class GPT2Importer(TableImporter):
+    table = TABLES["gpt2"]
 
     def to_canonical(self, hf_config: Any, state: StateDict) -> CanonicalModel:
         c = hf_config
@@ -90,15 +62,12 @@ class GPT2Importer(Importer):
             out[f"{m}.proj.weight"] = centre(s[f"{p}.mlp.c_proj.weight"].T, 0).contiguous()
             out[f"{m}.proj.bias"] = centre(s[f"{p}.mlp.c_proj.bias"], 0)
         settle_attention_biases(out, c.n_layer)
-        head = lm_head(s, f"{t}.wte.weight")
+        head = self.head_weight(s)
         out |= fold_final_norm(head, s[f"{t}.ln_f.weight"], s[f"{t}.ln_f.bias"])
         norm_f_bias = "norm_f.bias" in out
         cfg = base_config(
-            c, "causal_lm", d_model=d, n_layer=c.n_layer, n_head=h, head_dim=d // h,
-            d_mlp=c.n_inner or 4 * d, activation=c.activation_function,
-            norm_eps=c.layer_norm_epsilon,
+            c, "causal_lm", **self.copied_fields(c), head_dim=d // h, d_mlp=c.n_inner or 4 * d,
             attn_scale=1.0 / math.sqrt(d // h) if c.scale_attn_weights else 1.0,
-            vocab_size=c.vocab_size, n_positions=c.n_positions,
             norm_f_bias=norm_f_bias, head_bias=not norm_f_bias,
         )
         return CanonicalModel(cfg, out)
@@ -131,6 +100,3 @@ class GPT2Importer(Importer):
         out[f"{t}.ln_f.bias"] = s["norm_f.bias"] if cfg.norm_f_bias else zeros
         out["lm_head.weight"] = s["head.weight"]
         return hf, {k: v.clone() for k, v in out.items()}
-
-    def stock_logits(self, stock: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return stock(input_ids=x).logits

@@ -21,59 +21,19 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+from transformers import GPTNeoXConfig
 
-from glmc.families.importers import Importer, NotRepresentable
-from glmc.families.transformer.rewrite import centre, fold_final_norm, fold_norm, lm_head
-from glmc.families.transformer.stock import (
-    base_config,
-    check_activation,
-    check_config_keys,
-    require_stock_form,
-    rotary_of,
-)
+from glmc.families.importers import NotRepresentable
+from glmc.families.transformer.hf import TableImporter
+from glmc.families.transformer.rewrite import centre, fold_final_norm, fold_norm
+from glmc.families.transformer.stock import base_config, require_stock_form, rotary_of
+from glmc.families.transformer.tables import TABLES
 from glmc.model import CanonicalModel
 from glmc.tensors import StateDict
 
-#: Buffers older checkpoints stored beside the weights (masks, rotary frequencies).
-_IGNORED_SUFFIXES = (".attention.bias", ".attention.masked_bias", "rotary_emb.inv_freq")
 
-
-class GPTNeoXImporter(Importer):
-    name = "gpt_neox"
-
-    def config_class(self) -> type:
-        return GPTNeoXConfig
-
-    def check_config(self, raw: dict, where: str) -> None:
-        check_config_keys(raw, GPTNeoXConfig, where)
-        check_activation(raw, where, "gelu")
-
-    def stock_model(self, hf_config: Any) -> GPTNeoXForCausalLM:
-        hf_config._attn_implementation = "sdpa"
-        return GPTNeoXForCausalLM(hf_config).eval()
-
-    def optional_keys(self, hf_config: Any) -> tuple[str, ...]:
-        return ("lm_head.weight",) if hf_config.tie_word_embeddings else ()
-
-    def normalize_keys(self, state: StateDict) -> StateDict:
-        out = {}
-        for k, v in state.items():
-            if k.endswith(_IGNORED_SUFFIXES):
-                continue
-            if k.startswith("embed_out."):  # (the original name of the head)
-                k = "lm_head." + k.removeprefix("embed_out.")
-            elif not k.startswith(("gpt_neox.", "lm_head.")):
-                k = "gpt_neox." + k  # a bare GPTNeoXModel checkpoint
-            out[k] = v
-        return out
-
-    def untied(self, hf_config: Any, state: StateDict) -> tuple[Any, StateDict]:
-        if not hf_config.tie_word_embeddings:
-            return hf_config, state
-        cfg = GPTNeoXConfig.from_dict({**hf_config.to_dict(), "tie_word_embeddings": False})
-        head = lm_head(state, "gpt_neox.embed_in.weight")
-        return cfg, {**state, "lm_head.weight": head}
+class GPTNeoXImporter(TableImporter):
+    table = TABLES["gpt_neox"]
 
     def to_canonical(self, hf_config: Any, state: StateDict) -> CanonicalModel:
         c, s = hf_config, state
@@ -109,15 +69,13 @@ class GPTNeoXImporter(Importer):
             out[f"{m}.fc.weight"], out[f"{m}.fc.bias"] = centre(w, 1), b
             out[f"{m}.proj.weight"] = centre(s[f"{p}.mlp.dense_4h_to_h.weight"], 0)
             out[f"{m}.proj.bias"] = centre(s[f"{p}.mlp.dense_4h_to_h.bias"], 0)
-        head = lm_head(s, f"{t}.embed_in.weight")
+        head = self.head_weight(s)
         final = fold_final_norm(head, s[f"{t}.final_layer_norm.weight"],
                                 s[f"{t}.final_layer_norm.bias"])
         out |= final
         cfg = base_config(
-            c, "causal_lm", d_model=d, n_layer=c.num_hidden_layers, n_head=h, head_dim=dh,
-            d_mlp=c.intermediate_size, activation=c.hidden_act, norm_eps=c.layer_norm_eps,
-            vocab_size=c.vocab_size, n_positions=c.max_position_embeddings,
-            rotary_dim=rotary_dim, inv_freq=inv_freq, rotary_scaling=scaling,
+            c, "causal_lm", **self.copied_fields(c), head_dim=dh, rotary_dim=rotary_dim,
+            inv_freq=inv_freq, rotary_scaling=scaling,
             parallel=bool(c.use_parallel_residual), norm_f_bias="norm_f.bias" in final,
             head_bias="head.bias" in final,
         )
@@ -153,6 +111,3 @@ class GPTNeoXImporter(Importer):
             out[f"{p}.mlp.dense_4h_to_h.weight"] = s[f"{m}.proj.weight"]
             out[f"{p}.mlp.dense_4h_to_h.bias"] = s[f"{m}.proj.bias"]
         return hf, {k: v.clone().contiguous() for k, v in out.items()}
-
-    def stock_logits(self, stock: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return stock(input_ids=x, use_cache=False).logits

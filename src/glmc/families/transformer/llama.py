@@ -15,76 +15,27 @@ written back, every norm's gain is 1.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
 
 from glmc.errors import GlmcError
-from glmc.families.importers import Importer, NotRepresentable
-from glmc.families.transformer.rewrite import lm_head
-from glmc.families.transformer.stock import (
-    base_config,
-    check_activation,
-    check_config_keys,
-    require_stock_form,
-    rotary_of,
-)
+from glmc.families.importers import NotRepresentable
+from glmc.families.transformer.hf import TableImporter
+from glmc.families.transformer.stock import base_config, require_stock_form, rotary_of
+from glmc.families.transformer.tables import TABLES
 from glmc.model import CanonicalModel
 from glmc.tensors import StateDict
 
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # (a buffer older checkpoints stored)
 
+class DecoderImporter(TableImporter):
+    """The Llama layout; subclasses name their table and what differs."""
 
-class DecoderImporter(Importer):
-    """The Llama layout; subclasses name the transformers classes and what differs."""
-
-    hf_class: ClassVar[type]
-    hf_config_class: ClassVar[type]
-
-    def config_class(self) -> type:
-        return self.hf_config_class
-
-    def check_config(self, raw: dict, where: str) -> None:
-        check_config_keys(raw, self.hf_config_class, where)
+    def check_fields(self, raw: dict, where: str) -> None:
         heads, kv = raw.get("num_attention_heads"), raw.get("num_key_value_heads")
         if isinstance(heads, int) and isinstance(kv, int) and (kv < 1 or heads % kv):
             raise GlmcError(f"{where}: num_key_value_heads {kv} does not divide "
                             f"num_attention_heads {heads}")
-        check_activation(raw, where, "silu")
-
-    def stock_model(self, hf_config: Any) -> torch.nn.Module:
-        hf_config._attn_implementation = "sdpa"
-        return self.hf_class(hf_config).eval()
-
-    def optional_keys(self, hf_config: Any) -> tuple[str, ...]:
-        return ("lm_head.weight",) if hf_config.tie_word_embeddings else ()
-
-    def normalize_keys(self, state: StateDict) -> StateDict:
-        out = {}
-        for k, v in state.items():
-            if k.endswith(_IGNORED_SUFFIXES):
-                continue
-            if not k.startswith(("model.", "lm_head.")):
-                k = "model." + k  # a bare *Model checkpoint
-            out[k] = v
-        return out
-
-    def untied(self, hf_config: Any, state: StateDict) -> tuple[Any, StateDict]:
-        """A tied head becomes ``lm_head.weight``, a copy of the embedding."""
-        if not hf_config.tie_word_embeddings:
-            return hf_config, state
-        cfg = self.hf_config_class.from_dict({**hf_config.to_dict(),
-                                              "tie_word_embeddings": False})
-        head = lm_head(state, "model.embed_tokens.weight")
-        return cfg, {**state, "lm_head.weight": head}
 
     # -- what the three differ in ---------------------------------------------------------
     def biases(self, c: Any) -> dict[str, bool]:
@@ -107,28 +58,25 @@ class DecoderImporter(Importer):
         biased = self.biases(c)
         out: StateDict = {"embed.tok": s["model.embed_tokens.weight"]}
         for i in range(c.num_hidden_layers):
-            p, a, m = f"model.layers.{i}", f"blocks.{i}.attn", f"blocks.{i}.mlp"
-            g1, g2 = s[f"{p}.input_layernorm.weight"], s[f"{p}.post_attention_layernorm.weight"]
-            for n in "qkv":
-                out[f"{a}.{n}.weight"] = s[f"{p}.self_attn.{n}_proj.weight"] * g1[None, :]
+            n, a, m = self.layer_modules(i), f"blocks.{i}.attn", f"blocks.{i}.mlp"
+            g1, g2 = s[f"{n['norm1']}.weight"], s[f"{n['norm2']}.weight"]
+            for x in "qkv":
+                out[f"{a}.{x}.weight"] = s[f"{n['attn.' + x]}.weight"] * g1[None, :]
                 if biased["attn"]:
-                    out[f"{a}.{n}.bias"] = s[f"{p}.self_attn.{n}_proj.bias"]
-            out[f"{a}.o.weight"] = s[f"{p}.self_attn.o_proj.weight"]
+                    out[f"{a}.{x}.bias"] = s[f"{n['attn.' + x]}.bias"]
+            out[f"{a}.o.weight"] = s[f"{n['attn.o']}.weight"]
             if biased["o"]:
-                out[f"{a}.o.bias"] = s[f"{p}.self_attn.o_proj.bias"]
-            for ours, theirs, gain in (("gate", "gate", g2), ("fc", "up", g2),
-                                       ("proj", "down", None)):
-                w = s[f"{p}.mlp.{theirs}_proj.weight"]
-                out[f"{m}.{ours}.weight"] = w if gain is None else w * gain[None, :]
+                out[f"{a}.o.bias"] = s[f"{n['attn.o']}.bias"]
+            for x, gain in (("gate", g2), ("fc", g2), ("proj", None)):
+                w = s[f"{n['mlp.' + x]}.weight"]
+                out[f"{m}.{x}.weight"] = w if gain is None else w * gain[None, :]
                 if biased["mlp"]:
-                    out[f"{m}.{ours}.bias"] = s[f"{p}.mlp.{theirs}_proj.bias"]
-        head = lm_head(s, "model.embed_tokens.weight")
+                    out[f"{m}.{x}.bias"] = s[f"{n['mlp.' + x]}.bias"]
+        head = self.head_weight(s)
         out["head.weight"] = head * s["model.norm.weight"][None, :]
         cfg = base_config(
-            c, "causal_lm", d_model=c.hidden_size, n_layer=c.num_hidden_layers, n_head=h,
-            n_kv_head=kv, head_dim=dh, d_mlp=c.intermediate_size, activation=c.hidden_act,
-            norm_eps=c.rms_norm_eps, vocab_size=c.vocab_size,
-            n_positions=c.max_position_embeddings, rotary_dim=rotary_dim, inv_freq=inv_freq,
+            c, "causal_lm", **self.copied_fields(c), n_kv_head=kv, head_dim=dh,
+            rotary_dim=rotary_dim, inv_freq=inv_freq,
             rotary_scaling=scaling, mlp="gated", attn_bias=biased["attn"], o_bias=biased["o"],
             mlp_bias=biased["mlp"], windows=self.windows(c), stock_norm="rmsnorm",
         )
@@ -139,48 +87,37 @@ class DecoderImporter(Importer):
         cfg, s = model.config, model.state
         if cfg.head_bias or cfg.norm_f_bias:
             raise NotRepresentable(f"{cfg.source['arch']}'s head has no bias")
-        hf = self.hf_config_class.from_dict({**cfg.source["config"],
-                                             "tie_word_embeddings": False})
+        hf = self.config_class().from_dict({**cfg.source["config"],
+                                            "tie_word_embeddings": False})
         ones = torch.ones(cfg.d_model, dtype=model.dtype)
         out: StateDict = {"model.embed_tokens.weight": s["embed.tok"],
                           "model.norm.weight": ones, "lm_head.weight": s["head.weight"]}
         for i in range(cfg.n_layer):
-            p, a, m = f"model.layers.{i}", f"blocks.{i}.attn", f"blocks.{i}.mlp"
-            out[f"{p}.input_layernorm.weight"] = ones
-            out[f"{p}.post_attention_layernorm.weight"] = ones
-            for n in "qkvo":
+            n = self.layer_modules(i)
+            out[f"{n['norm1']}.weight"] = out[f"{n['norm2']}.weight"] = ones
+            for ours, theirs in n.items():  # (the norms have no canonical tensors)
                 for kind in ("weight", "bias"):
-                    if f"{a}.{n}.{kind}" in s:
-                        out[f"{p}.self_attn.{n}_proj.{kind}"] = s[f"{a}.{n}.{kind}"]
-            for ours, theirs in (("gate", "gate"), ("fc", "up"), ("proj", "down")):
-                for kind in ("weight", "bias"):
-                    if f"{m}.{ours}.{kind}" in s:
-                        out[f"{p}.mlp.{theirs}_proj.{kind}"] = s[f"{m}.{ours}.{kind}"]
+                    if f"blocks.{i}.{ours}.{kind}" in s:
+                        out[f"{theirs}.{kind}"] = s[f"blocks.{i}.{ours}.{kind}"]
         return hf, {k: v.clone().contiguous() for k, v in out.items()}
 
     def model_types(self) -> tuple[str, ...]:
-        return (self.hf_config_class.model_type,)
-
-    def stock_logits(self, stock: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return stock(input_ids=x, use_cache=False).logits
+        return (self.table.model_type,)
 
 
 class LlamaImporter(DecoderImporter):
-    name = "llama"
-    hf_class, hf_config_class = LlamaForCausalLM, LlamaConfig
+    table = TABLES["llama"]
 
 
 class MistralImporter(DecoderImporter):
-    name = "mistral"
-    hf_class, hf_config_class = MistralForCausalLM, MistralConfig
+    table = TABLES["mistral"]
 
 
 class Qwen2Importer(DecoderImporter):
     """Qwen2: q/k/v biases, no output bias; sliding windows on the layers ``layer_types``
     names ``sliding_attention``."""
 
-    name = "qwen2"
-    hf_class, hf_config_class = Qwen2ForCausalLM, Qwen2Config
+    table = TABLES["qwen2"]
 
     def biases(self, c: Any) -> dict[str, bool]:
         return {"attn": True, "o": False, "mlp": False}

@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from glmc.families.base import ModelConfig
+from glmc.families.transformer.tables import stock_field
 
 ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),
@@ -194,6 +195,10 @@ class CanonicalConfig(ModelConfig):
     @property
     def n_outputs(self) -> int:
         return self.vocab_size if self.task in ("causal_lm", "masked_lm") else self.num_labels
+
+    def field_name(self, name: str, other: Any = None) -> str:
+        mine = stock_field(self.source.get("arch"), name)
+        return mine if other is None or mine == other.field_name(name) else name
 
     def describe(self) -> str:
         arch = self.source.get("arch", "transformer")

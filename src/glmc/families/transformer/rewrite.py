@@ -3,16 +3,7 @@ attention biases the softmax does not see."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
-
-
-def lm_head(state: Mapping[str, torch.Tensor], embedding: str) -> torch.Tensor:
-    """The LM head's weight: ``lm_head.weight``, or the token embedding ``embedding`` that a
-    tied head reads (the embedding is read only then: reads may be costly, see
-    :mod:`glmc.io.partial`)."""
-    return state["lm_head.weight"] if "lm_head.weight" in state else state[embedding]
 
 
 def centre(x: torch.Tensor, axis: int) -> torch.Tensor:

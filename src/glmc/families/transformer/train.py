@@ -17,6 +17,7 @@ from transformers import BertConfig, GPT2Config, GPTNeoXConfig, LlamaConfig, ViT
 from glmc.data import Dataset
 from glmc.families.base import Arch
 from glmc.families.registry import importer_for
+from glmc.families.transformer.options import mlp_width
 
 GPT2_EOS = 50256  # GPT-2's <|endoftext|>; only meaningful with the BPE vocabulary
 
@@ -28,7 +29,7 @@ class _StockArch(Arch):
 
     def describe(self, cfg: Any) -> str:
         return (f"{self.name}: {cfg.n_layer} layers, d={cfg.n_embd}, {cfg.n_head} heads, "
-                f"MLP {cfg.mlp_width}")
+                f"MLP {mlp_width(cfg)}")
 
     def config_to_json(self, config: Any) -> dict:
         return config.to_dict()
@@ -56,7 +57,7 @@ class GPT2Arch(_StockArch):
         eos = GPT2_EOS if vocab > GPT2_EOS else None  # small vocabularies have no special token
         return GPT2Config(
             vocab_size=vocab, n_positions=cfg.context, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
-            n_head=cfg.n_head, n_inner=cfg.mlp_width, activation_function="gelu_new",
+            n_head=cfg.n_head, n_inner=mlp_width(cfg), activation_function="gelu_new",
             resid_pdrop=p, embd_pdrop=p, attn_pdrop=p, tie_word_embeddings=False,
             bos_token_id=eos, eos_token_id=eos,
         )
@@ -83,7 +84,7 @@ class ViTArch(_StockArch):
         return ViTConfig(
             image_size=ds.image_size, patch_size=cfg.patch_size, num_channels=ds.num_channels,
             num_labels=ds.num_classes, hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer,
-            num_attention_heads=cfg.n_head, intermediate_size=cfg.mlp_width, hidden_act="gelu",
+            num_attention_heads=cfg.n_head, intermediate_size=mlp_width(cfg), hidden_act="gelu",
             qkv_bias=True, hidden_dropout_prob=p, attention_probs_dropout_prob=p,
         )
 
@@ -130,7 +131,7 @@ class GPTNeoXArch(_DecoderArch):
     def model_config(self, cfg: Any, ds: Dataset) -> GPTNeoXConfig:
         return GPTNeoXConfig(
             vocab_size=ds.vocab_size, hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer,
-            num_attention_heads=cfg.n_head, intermediate_size=cfg.mlp_width,
+            num_attention_heads=cfg.n_head, intermediate_size=mlp_width(cfg),
             max_position_embeddings=cfg.context, hidden_act="gelu",
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                              "partial_rotary_factor": 0.25},
@@ -151,7 +152,7 @@ class BertArch(_StockArch):
         p, vocab = cfg.dropout, ds.vocab_size
         return BertConfig(
             vocab_size=vocab + 1, hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer,
-            num_attention_heads=cfg.n_head, intermediate_size=cfg.mlp_width,
+            num_attention_heads=cfg.n_head, intermediate_size=mlp_width(cfg),
             max_position_embeddings=cfg.context, type_vocab_size=1, hidden_act="gelu",
             hidden_dropout_prob=p, attention_probs_dropout_prob=p, layer_norm_eps=1e-12,
             tie_word_embeddings=True, pad_token_id=None, mask_token_id=vocab,

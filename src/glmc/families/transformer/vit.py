@@ -8,56 +8,23 @@ patch_embeddings.projection}``, ``vit.layers.N.attention.{q,k,v,o}_proj``,
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
-from transformers import ViTConfig, ViTForImageClassification
+from transformers import ViTConfig
 
 from glmc.errors import GlmcError
-from glmc.families.importers import Importer, NotRepresentable
+from glmc.families.importers import NotRepresentable
+from glmc.families.transformer.hf import TableImporter
 from glmc.families.transformer.rewrite import centre, fold_norm, settle_attention_biases
 from glmc.families.transformer.stock import base_config, require_stock_form
+from glmc.families.transformer.tables import TABLES
 from glmc.model import CanonicalModel
 from glmc.tensors import StateDict
 
-# transformers' save_pretrained still writes the original hub names; read both layouts.
-_ORIGINAL_NAMES = [
-    (re.compile(r"^vit\.encoder\.layer\.(\d+)\.attention\.attention\.query\."),
-     r"vit.layers.\1.attention.q_proj."),
-    (re.compile(r"^vit\.encoder\.layer\.(\d+)\.attention\.attention\.key\."),
-     r"vit.layers.\1.attention.k_proj."),
-    (re.compile(r"^vit\.encoder\.layer\.(\d+)\.attention\.attention\.value\."),
-     r"vit.layers.\1.attention.v_proj."),
-    (re.compile(r"^vit\.encoder\.layer\.(\d+)\.attention\.output\.dense\."),
-     r"vit.layers.\1.attention.o_proj."),
-    (re.compile(r"^vit\.encoder\.layer\.(\d+)\.intermediate\.dense\."), r"vit.layers.\1.mlp.fc1."),
-    (re.compile(r"^vit\.encoder\.layer\.(\d+)\.output\.dense\."), r"vit.layers.\1.mlp.fc2."),
-    (re.compile(r"^vit\.encoder\.layer\.(\d+)\."), r"vit.layers.\1."),
-]
 
-
-class ViTImporter(Importer):
-    name = "vit"
-
-    def normalize_keys(self, state: StateDict) -> StateDict:
-        out = {}
-        for k, v in state.items():
-            if k.startswith("vit.pooler."):  # ViTModel's pooler: the classifier never reads it
-                continue
-            for pattern, repl in _ORIGINAL_NAMES:
-                k, n = pattern.subn(repl, k)
-                if n:
-                    break
-            out[k] = v
-        return out
-
-    def config_class(self) -> type:
-        return ViTConfig
-
-    def stock_model(self, hf_config: Any) -> ViTForImageClassification:
-        hf_config._attn_implementation = "sdpa"
-        return ViTForImageClassification(hf_config).eval()
+class ViTImporter(TableImporter):
+    table = TABLES["vit"]
 
     def to_canonical(self, hf_config: Any, state: StateDict) -> CanonicalModel:
         c, s = hf_config, state
@@ -72,29 +39,25 @@ class ViTImporter(Importer):
             "embed.pos": centre(s[f"{e}.position_embeddings"][0], 1),
         }
         for i in range(c.num_hidden_layers):
-            p, a, m = f"vit.layers.{i}", f"blocks.{i}.attn", f"blocks.{i}.mlp"
-            g1, b1 = s[f"{p}.layernorm_before.weight"], s[f"{p}.layernorm_before.bias"]
-            for n in "qkv":
-                w, b = fold_norm(s[f"{p}.attention.{n}_proj.weight"],
-                                 s.get(f"{p}.attention.{n}_proj.bias"), g1, b1)
-                out[f"{a}.{n}.weight"], out[f"{a}.{n}.bias"] = centre(w, 1), b
-            out[f"{a}.o.weight"] = centre(s[f"{p}.attention.o_proj.weight"], 0)
-            out[f"{a}.o.bias"] = centre(s[f"{p}.attention.o_proj.bias"], 0)
-            w, b = fold_norm(s[f"{p}.mlp.fc1.weight"], s[f"{p}.mlp.fc1.bias"],
-                             s[f"{p}.layernorm_after.weight"], s[f"{p}.layernorm_after.bias"])
+            n, a, m = self.layer_modules(i), f"blocks.{i}.attn", f"blocks.{i}.mlp"
+            g1, b1 = s[f"{n['norm1']}.weight"], s[f"{n['norm1']}.bias"]
+            for x in "qkv":
+                w, b = fold_norm(s[f"{n['attn.' + x]}.weight"], s.get(f"{n['attn.' + x]}.bias"),
+                                 g1, b1)
+                out[f"{a}.{x}.weight"], out[f"{a}.{x}.bias"] = centre(w, 1), b
+            out[f"{a}.o.weight"] = centre(s[f"{n['attn.o']}.weight"], 0)
+            out[f"{a}.o.bias"] = centre(s[f"{n['attn.o']}.bias"], 0)
+            w, b = fold_norm(s[f"{n['mlp.fc']}.weight"], s[f"{n['mlp.fc']}.bias"],
+                             s[f"{n['norm2']}.weight"], s[f"{n['norm2']}.bias"])
             out[f"{m}.fc.weight"], out[f"{m}.fc.bias"] = centre(w, 1), b
-            out[f"{m}.proj.weight"] = centre(s[f"{p}.mlp.fc2.weight"], 0)
-            out[f"{m}.proj.bias"] = centre(s[f"{p}.mlp.fc2.bias"], 0)
+            out[f"{m}.proj.weight"] = centre(s[f"{n['mlp.proj']}.weight"], 0)
+            out[f"{m}.proj.bias"] = centre(s[f"{n['mlp.proj']}.bias"], 0)
         settle_attention_biases(out, c.num_hidden_layers)
         w, b = fold_norm(s["classifier.weight"], s["classifier.bias"],
                          s["vit.layernorm.weight"], s["vit.layernorm.bias"])
         out["head.weight"], out["head.bias"] = centre(w, 1), b
-        cfg = base_config(
-            c, "image_classifier", d_model=d, n_layer=c.num_hidden_layers, n_head=h,
-            head_dim=d // h, d_mlp=c.intermediate_size, activation=c.hidden_act,
-            norm_eps=c.layer_norm_eps, image_size=c.image_size, patch_size=c.patch_size,
-            num_channels=c.num_channels, num_labels=c.num_labels, head_bias=True,
-        )
+        cfg = base_config(c, "image_classifier", **self.copied_fields(c), head_dim=d // h,
+                          head_bias=True)
         return CanonicalModel(cfg, {k: v.contiguous() for k, v in out.items()})
 
     def to_stock(self, model: CanonicalModel) -> tuple[ViTConfig, StateDict]:
@@ -112,19 +75,12 @@ class ViTImporter(Importer):
             f"{e}.position_embeddings": s["embed.pos"][None],
         }
         for i in range(cfg.n_layer):
-            p, a, m = f"vit.layers.{i}", f"blocks.{i}.attn", f"blocks.{i}.mlp"
-            for ln in ("layernorm_before", "layernorm_after"):
-                out[f"{p}.{ln}.weight"], out[f"{p}.{ln}.bias"] = ones, zeros
-            for n in "qkvo":
-                out[f"{p}.attention.{n}_proj.weight"] = s[f"{a}.{n}.weight"]
-                out[f"{p}.attention.{n}_proj.bias"] = s[f"{a}.{n}.bias"]
-            out[f"{p}.mlp.fc1.weight"], out[f"{p}.mlp.fc1.bias"] = (
-                s[f"{m}.fc.weight"], s[f"{m}.fc.bias"])
-            out[f"{p}.mlp.fc2.weight"], out[f"{p}.mlp.fc2.bias"] = (
-                s[f"{m}.proj.weight"], s[f"{m}.proj.bias"])
+            n = self.layer_modules(i)
+            for norm in ("norm1", "norm2"):  # (folded into their readers)
+                out[f"{n[norm]}.weight"], out[f"{n[norm]}.bias"] = ones, zeros
+            for ours in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc", "mlp.proj"):
+                for kind in ("weight", "bias"):
+                    out[f"{n[ours]}.{kind}"] = s[f"blocks.{i}.{ours}.{kind}"]
         out["vit.layernorm.weight"], out["vit.layernorm.bias"] = ones, zeros
         out["classifier.weight"], out["classifier.bias"] = s["head.weight"], s["head.bias"]
         return hf, {k: v.clone().contiguous() for k, v in out.items()}
-
-    def stock_logits(self, stock: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return stock(pixel_values=x).logits

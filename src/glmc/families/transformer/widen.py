@@ -68,8 +68,9 @@ def check_narrower(a: CanonicalConfig, b: CanonicalConfig, where: str = "") -> N
     if any(getattr(b, k) > getattr(a, k) for k in SIZES):
         raise GlmcError(f"{at}B is wider than A (the models differ in {listed}): give the "
                         "wider model as A (swap A and B)")
-    other = [f"{k} ({getattr(a, k)} in A, {getattr(b, k)} in B)" for k in sorted(fields)
-             if getattr(a, k) != getattr(b, k)]
+    # (named as the users' own configs call them: num_hidden_layers, not n_layer)
+    other = [f"{a.field_name(k, b)} ({getattr(a, k)} in A, {getattr(b, k)} in B)"
+             for k in sorted(fields) if getattr(a, k) != getattr(b, k)]
     if other:
         raise GlmcError(f"{at}the models differ in {', '.join(other[:3])}: only their widths "
                         "(residual, heads, MLP) may differ")
