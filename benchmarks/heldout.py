@@ -200,8 +200,12 @@ def table(results: dict, part: str, peer: dict) -> str:
         lines.append(f"| `{k}`: {r['title']} | " + " | ".join(cells)
                      + (f" | {learned:.0f} |" if learned else " | – |"))
     runs = {(r["run"]["commit"], r["run"]["dirty"], r["run"]["machine"]) for r in pairs.values()}
+    theirs = {r["commit"] for k in pairs
+              if (r := peer.get("pairs", {}).get(k, {}).get("peer", {}).get("orthogonal-exact"))}
     lines += ["", "Runs: " + "; ".join(f"commit {c}{' with changes' if d else ''}, {m}"
-                                       for c, d, m in sorted(runs)) + "."]
+                                       for c, d, m in sorted(runs))
+              + (f"; the paper's code: commit {', '.join(sorted(theirs))}" if theirs else "")
+              + "."]
     return "\n".join(lines)
 
 

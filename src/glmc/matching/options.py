@@ -47,8 +47,7 @@ class WeightMatchingOptions:
     #: same (large tensors dominate)
     weighting: str = "tensor"
     #: Extra factor on each bias vector's weight: under "tensor" a bias of d entries would
-    #: otherwise count as much as a whole d×d matrix. 0.3 left the lowest barriers on a
-    #: 12-pair screen (GPT-2 and ViT pairs; 1 and "layer" weighting were 4% and 3% worse).
+    #: otherwise count as much as a whole d×d matrix (chosen on a screen: benchmarks/README.md)
     bias_weight: float = 0.3
     #: Extra factor on the weight of the tensors a space of each role acts on, by the spec's
     #: role names (e.g. {"qk": 0.25}: attention's queries and keys count a quarter).
@@ -56,9 +55,8 @@ class WeightMatchingOptions:
     #: How a permutation unit (an MLP's hidden units, a convnet's channels) is assigned:
     #: "distance", by the squared distance (the objective's own term), or "angle", by the
     #: angle between its units' normalised weight vectors (all of a unit's rows and columns,
-    #: concatenated, every entry alike). On transformers the two are level (1.8% apart over
-    #: 16 screened pairs, 0.1% over 5 held-out validation pairs); on LayerNorm ResNet-20s the
-    #: angle left 0.212 at 4x width (vanilla 0.268) and the distance 0.047 (benchmarks/README)
+    #: concatenated, every entry alike). Level on transformers; on LayerNorm ResNet-20s the
+    #: angle can leave more than vanilla averaging (benchmarks/README.md)
     unit_cost: str = "distance"
     #: The heads' inner maps: "invertible" (GL per head: the full symmetry) or "permutation"
     #: (head dimensions permuted: the permutation-only ablation). None: "permutation" when the
@@ -101,16 +99,13 @@ class WeightMatchingOptions:
 #: midpoint, where such a pair's barrier lies.
 PAIR_LAMBDA = "uniform:0.4,0.6"
 #: ... and between A and a narrower B: the whole segment. Their barrier lies off the
-#: midpoint, towards B; trained around the midpoint, the demo's GPT-2 and one of half its
-#: width were left with a validation barrier of 0.21 at λ = 0.2, trained on the whole
-#: segment 0.06 (benchmarks/README.md, widths).
+#: midpoint, towards B (benchmarks/README.md, widths).
 NARROWER_LAMBDA = "uniform:0,1"
 
 
 @dataclass
 class LearnedMatchingOptions:
-    #: The most steps; the default schedule stops earlier, on a validation plateau (the
-    #: held-out validation pairs stopped after 1,800 to 2,900 steps)
+    #: The most steps; the default schedule stops earlier, on a validation plateau
     steps: int = 5000
     batch_size: int = 32  # global batch (split across ranks under torchrun)
     context: int | None = None  # text: window length (default: the model's positions)
@@ -126,33 +121,24 @@ class LearnedMatchingOptions:
     #: None: :data:`PAIR_LAMBDA` for models of the same widths, :data:`NARROWER_LAMBDA` for a
     #: narrower B (see :meth:`lam_for`)
     lam: str | None = None
-    #: N models: λ ~ Dirichlet(α, ..., α) on the simplex at each step. 3 left the lowest mean
-    #: validation barrier over three-model GPT-2 and ViT sets (0.130 and -0.017; 1: 0.126 and
-    #: 0.031; 10: 0.157 and 0.021; the paper's 0.1: 0.204 and 0.269; benchmarks/README.md)
+    #: N models: λ ~ Dirichlet(α, ..., α) on the simplex at each step (α chosen on
+    #: three-model validation sets: benchmarks/README.md)
     dirichlet_alpha: float = 3.0
     #: N models: the share of steps drawn instead on a random pair's edge, λ ~ ``lam`` for one
-    #: of the two and 1 − λ for the other (0: Dirichlet draws alone). 0.5 left the lowest mean
-    #: validation barrier over the centroid and the pairs' midpoints of three-model GPT-2 and
-    #: ViT sets (0.104 and 0.016; 0: 0.119 and 0.029; 0.9: 0.105 and 0.018)
+    #: of the two and 1 − λ for the other (0: Dirichlet draws alone; chosen on the same sets)
     edge_fraction: float = 0.5
     #: N models: how strongly the edge draws favour the pairs with the highest barrier at the
     #: last validation (a min-max over the pairs): a pair is drawn with probability ∝
     #: exp(focus·(b_pair − max b)), b its midpoint's validation loss minus its endpoints' mean,
-    #: in nats (0: every pair alike; 100: a pair 0.01 nat below the worst at e⁻¹ of its odds)
-    #: On the three-model GPT-2 set's validation split, 100 with 6,000 steps and 0.9 on the
-    #: edges brought the worst pair from 1.22 to 1.12 times its barrier aligned alone; at
-    #: 3,000 steps it changed nothing (1.22, 1.28), so the default stays 0
+    #: in nats (0: every pair alike; 100: a pair 0.01 nat below the worst at e⁻¹ of its odds).
+    #: It helps only with budgets well beyond the default's, so the default stays 0
     edge_focus: float = 0.0
     #: N models: the first model's map trains too (the frame is no model's coordinates while it
     #: trains; the result is expressed in the first's). Anchored on the first, a pair between
     #: two later models has both its maps training and a pair with the first only one. None:
     #: free when every model has the first's width (a narrower model's free entries take the
     #: first's values in its coordinates, so then anchored), True: free or refused, False:
-    #: anchored. On the three-model GPT-2 set (6,000 steps, 0.9 on the edges, focus 100) it
-    #: took the pairs from 1.15, 1.13, 0.99 to 0.91, 0.98, 0.89 times their barriers aligned
-    #: alone (test, three seeds); at this default budget it lowered every validation point on
-    #: the GPT-2 and ViT sets (estimate 0.117 to 0.104, 0.001 to -0.036), in 1.2-1.3 times the
-    #: time
+    #: anchored (benchmarks/README.md, three transformers, measures both)
     free_frame: bool | None = None
     eval_every: int = 100
     eval_lambdas: tuple[float, ...] = (0.5,)
@@ -160,10 +146,8 @@ class LearnedMatchingOptions:
     #: The learning rate over the steps: "plateau" (warm-up, then constant until ``patience``
     #: validations bring no new best; then it is cut by ``cut``, at most ``cuts`` times, and
     #: the next plateau stops the run) or "cosine" (warm-up, then a half cosine to 0 at
-    #: ``steps``; with ``patience``, a plateau stops it)
-    #: (On the five held-out validation pairs the plateau schedule with the "best" start
-    #: left 0.143, 0.149, 0.117, 0.038, 0.000 where 1,000 cosine steps from weight matching
-    #: left 0.162, 0.165, 0.137, 0.043, 0.000; benchmarks/README.md)
+    #: ``steps``; with ``patience``, a plateau stops it; chosen on the held-out validation
+    #: pairs, benchmarks/README.md)
     schedule: str = "plateau"
     #: validations without a new best that make a plateau (0: none ever does: the learning
     #: rate stays as it is and the run goes on to ``steps``)
