@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -258,6 +259,26 @@ def test_align_writes_a_stock_folder_with_transform_and_report(cli, pair, tmp_pa
     moved = Transform.load(out_dir / "transform.safetensors").apply(cb.spec, cb.state)
     for k, v in aligned.state.items():
         torch.testing.assert_close(moved[k], v, rtol=1e-4, atol=1e-5)
+
+
+def test_align_with_data_starts_weight_matching_from_activation_matching(cli, h, tmp_path):
+    """`--data` moves weight matching's start (activation matching's residual map): another
+    transform than the data-free run's, and still B's function, certified."""
+    a = save(h.make_tiny("gpt2", seed=1), tmp_path / "a")
+    b = save(h.make_tiny("gpt2", seed=2), tmp_path / "b")
+    vocab = load_model(a).canonical.config.vocab_size
+    symbols = "".join(chr(0x41 + i) for i in range(vocab))  # exactly the models' vocabulary
+    rng = np.random.default_rng(0)
+    text = tmp_path / "text.txt"
+    text.write_text(symbols + "".join(rng.choice(list(symbols), 20_000)))
+    maps = {}
+    for name, extra in (("free", []), ("data", ["--data", text, "--tokenizer", "char"])):
+        out_dir = tmp_path / name
+        rc, out, err = cli("align", a, b, "-o", out_dir, "--json", *extra)
+        assert rc == 0, err
+        assert json.loads(out)["certificate"]["equal"] is True
+        maps[name] = Transform.load(out_dir / "transform.safetensors").elements["res"].matrix()
+    assert (maps["free"] - maps["data"]).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("options", [["--heads", "circuit"], ["--residual", "permutation"],

@@ -230,14 +230,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("b", help="model folder to align to A")
     add_out(p, "output folder (written atomically)")
     p.add_argument("--align", metavar="METHOD", choices=aligning_methods(), default="weight",
-                   help="weight: data-free weight matching; activation: units, heads and the "
+                   help="weight: weight matching (data-free; with --data its residual map "
+                   "starts from activation matching's); activation: units, heads and the "
                    "residual map from the correlations of the two models' activations on "
                    "--data (Git Re-Basin's post-activation variant; activation-prepost: glmc's "
                    "own, before and after the nonlinearity); learned: weight matching, then "
                    "learned matching on --data; weight-perm, activation-perm, learned-perm: "
                    "the same with permutations only (the names merge and barrier take)")
-    p.add_argument("--data", help="training data for activation or learned matching (name or "
-                   "path)")
+    p.add_argument("--data", help="training data for activation or learned matching, and weight "
+                   "matching's start (name or path)")
     add_tokenizer(p)
     p.add_argument("--no-stock", action="store_true",
                    help="always write a glmc folder, even when the stock class could hold it")
