@@ -63,12 +63,21 @@ def write_json(path: str | Path, data: dict[str, Any]) -> Path:
     """Write ``data`` atomically, stamped with the command and the commit that made it (unless
     it says them itself)."""
     path = Path(path)
-    data = {"command": command(), "commit": provenance()["commit"], **data}
+    stamp = {k: v for k, v in (("command", command()), ("commit", provenance()["commit"]))
+             if not _records(data, k)}  # (rows that record their own runs are left as they are)
+    data = {**stamp, **data}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def _records(data: Any, key: str) -> bool:
+    """Whether ``key`` is a field of ``data`` at any depth."""
+    if isinstance(data, dict):
+        return key in data or any(_records(v, key) for v in data.values())
+    return isinstance(data, list) and any(_records(v, key) for v in data)
 
 
 def read_json(path: str | Path) -> dict[str, Any]:

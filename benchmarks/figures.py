@@ -68,7 +68,7 @@ def _json(path: str) -> Any:
 
 def _narrow(data: Any, keys: str) -> Any:
     for key in filter(None, keys.split(".")):
-        data = data[key]
+        data = data[int(key)] if isinstance(data, list) else data[key]
     return data
 
 
