@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import glmc
 from glmc.barrier import (
+    AlignOptions,
     barrier,
     barrier_curve,
     batch_barriers,
@@ -151,7 +152,10 @@ def test_endpoints_are_the_models_evaluated_separately(lm_pair, monkeypatch):
         init(self, cfg)
 
     monkeypatch.setattr(canonical_module.CanonicalTransformer, "__init__", counting_init)
-    report = run_barrier(a, b, text, methods=("none", "weight"), points=4)
+    # (data-free weight matching: given data, its start runs both models for activation
+    # matching, which builds modules of its own)
+    report = run_barrier(a, b, text, methods=("none", "weight"), points=4,
+                         options=AlignOptions(init="embeddings"))
     assert len(built) == 1  # one module for every method and every λ: weights are swapped
     monkeypatch.undo()
     loss_a, loss_b = evaluate(a, text).loss, evaluate(b, text).loss

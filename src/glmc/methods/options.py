@@ -108,10 +108,11 @@ class AlignOptions:
 
     def starts_from_data(self) -> bool:
         """Whether weight matching's residual map starts from activation matching's (see
-        ``init``): data given, an orthogonal map, one process."""
+        ``init``): data given and loaded (a dataset, as the API and the barrier hand the
+        methods), an orthogonal map, one process."""
         from glmc.distributed import spread
 
-        return (self.init in ("auto", "activation") and self.data is not None
+        return (self.init in ("auto", "activation") and isinstance(self.data, Dataset)
                 and self.residual == "orthogonal" and not spread())
 
     def learned_matching(self) -> LearnedMatchingOptions:
