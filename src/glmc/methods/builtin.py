@@ -78,12 +78,17 @@ def canonical_coordinates(a: CanonicalModel, b: CanonicalModel,
     return b
 
 
+def activation_transform(a: CanonicalModel, b: CanonicalModel, o: AlignOptions,
+                         variant: str = "post") -> Transform:
+    """Activation matching's transform on the training data's statistics batches."""
+    return activation_matching(a, b, statistics_batches(a, o.data), variant=variant,
+                               residual=o.residual)
+
+
 def activation_start(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Transform | None:
     """Activation matching's transform where weight matching starts from its residual map
     (:meth:`AlignOptions.starts_from_data`), else None."""
-    if not o.starts_from_data():
-        return None
-    return activation_matching(a, b, statistics_batches(a, o.data), residual=o.residual)
+    return activation_transform(a, b, o) if o.starts_from_data() else None
 
 
 def stream_of(a: CanonicalModel, t: Transform | None) -> Any:
@@ -106,9 +111,7 @@ def weight(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
 
 def activation(a: CanonicalModel, b: CanonicalModel, o: AlignOptions,
                variant: str = "post") -> Alignment:
-    t = activation_matching(a, b, statistics_batches(a, o.data), variant=variant,
-                            residual=o.residual)
-    return _moved(a, b, t, None)
+    return _moved(a, b, activation_transform(a, b, o, variant), None)
 
 
 def activation_prepost(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
@@ -119,7 +122,7 @@ def learned(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
     lo = o.learned_matching()
     act = activation_start(a, b, o)
     if act is None and lo.start != "weight":
-        act = activation_matching(a, b, statistics_batches(a, o.data), residual=o.residual)
+        act = activation_transform(a, b, o)
     wm = o.weight_matching(token_masks(a, o.token_counts),
                            stream_start=stream_of(a, act) if o.starts_from_data() else None)
     match = weight_matching(a, b, wm, progress=o.progress) if lo.start != "activation" else None
