@@ -10,6 +10,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,3 +123,34 @@ def replace_section(name: str, markdown: str, readme: Path = README) -> None:
     tmp = readme.with_name(f".{readme.name}.tmp")
     tmp.write_text(f"{head}{start}\n{markdown.rstrip()}\n{end}{tail}")
     os.replace(tmp, readme)  # never a half-written README
+
+
+#: The speed issue's yardstick: 15 float32 products of 3072 x 3072 matrices (870 GFLOP) on 2
+#: threads took this many seconds on the machine its targets were set on. A machine slower on
+#: it gets proportionally more time (:func:`allowance`).
+WORKLOAD_REFERENCE_S = 6.08
+
+
+def matrix_workload(threads: int = 2, n: int = 3072, reps: int = 15) -> float:
+    """Seconds of the yardstick (``reps`` n x n float32 products on ``threads`` threads), the
+    fastest of three runs after a warm-up."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    x, y = torch.randn(n, n), torch.randn(n, n)
+    x @ y
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            x @ y
+        best = min(best, time.perf_counter() - t0)
+    torch.set_num_threads(before)
+    return round(best, 3)
+
+
+def allowance(target_s: float, workload_s: float) -> float:
+    """A time target on this machine: ``target_s`` scaled up by how much longer the yardstick
+    took here than on the reference machine (never down)."""
+    return target_s * max(1.0, workload_s / WORKLOAD_REFERENCE_S)

@@ -168,6 +168,10 @@ def measure(pair: Pair, cache: Path, methods: list[str], options: dict | None = 
             "acc_barrier": m.acc_barrier, "loss_a": m.loss_a, "loss_b": m.loss_b,
             "acc_a": m.acc_a, "acc_b": m.acc_b, "align_seconds": round(m.align_seconds, 2),
             "losses": m.losses, "lambda_at_max": m.loss_barrier_lambda}
+        match = m.alignment.match if m.alignment is not None else None
+        if match is not None:  # (weight matching's own run; learned's start is not kept)
+            row["methods"][name] |= {"iterations": len(match.trace),
+                                     "relative": match.relative}
         learned = m.alignment.learned if m.alignment is not None else None
         if learned is not None:
             row["methods"][name]["learned"] = {k: v for k, v in learned.to_json().items()

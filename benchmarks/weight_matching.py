@@ -5,6 +5,7 @@ initialised GPT-2 models of the given shape, in float32, on the CPU.
 
     python benchmarks/weight_matching.py                      # paper, d384, gpt2-small
     python benchmarks/weight_matching.py --sizes gpt2-medium --run gpt2_medium  # one size
+    python benchmarks/weight_matching.py --iters 15 --tol 1e-5 --stop fixed-point  # as before
 
 Every run goes into benchmarks/results/weight_matching.json under runs[--run] (default
 "default"), with its commit, machine and command.
@@ -21,6 +22,10 @@ import sys
 import time
 
 from _common import RESULTS, machine, provenance, write_run
+
+from glmc.matching.options import STOPPING, WeightMatchingOptions
+
+WM = WeightMatchingOptions()  # (the library's defaults: the run measures them unless told)
 
 SIZES = {
     # name: (n_layer, n_embd, n_head, n_inner, vocab, context)
@@ -51,7 +56,7 @@ def independent_pair(name: str):
     return models[0], models[1]
 
 
-def run_one(name: str, iters: int, tol: float, residual: str) -> dict:
+def run_one(name: str, iters: int, tol: float, residual: str, stop: str) -> dict:
     import torch
 
     from glmc.matching.weight import WeightMatchingOptions, weight_matching
@@ -60,7 +65,7 @@ def run_one(name: str, iters: int, tol: float, residual: str) -> dict:
     a, b = independent_pair(name)
     t0 = time.perf_counter()
     result = weight_matching(a, b, WeightMatchingOptions(max_iter=iters, tol=tol,
-                                                         residual=residual))
+                                                         residual=residual, stop=stop))
     total = time.perf_counter() - t0
     phases: dict[str, float] = {}  # wall seconds
     kinds: dict[str, float] = {}  # the unit workers' seconds (they run in parallel)
@@ -91,20 +96,21 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", nargs="+", default=["paper", "d384", "gpt2-small"],
                    choices=sorted(SIZES))
-    p.add_argument("--iters", type=int, default=15)
-    p.add_argument("--tol", type=float, default=1e-5)
+    p.add_argument("--iters", type=int, default=WM.max_iter)
+    p.add_argument("--tol", type=float, default=WM.tol)
+    p.add_argument("--stop", choices=STOPPING, default=WM.stop)
     p.add_argument("--residual", default="orthogonal")
     p.add_argument("--out", default=str(RESULTS / "weight_matching.json"))
     p.add_argument("--run", default="default", help="the name of this run inside --out")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, args.iters, args.tol, args.residual)))
+        print(json.dumps(run_one(args.one, args.iters, args.tol, args.residual, args.stop)))
         return
     rows = []
     for name in args.sizes:
         cmd = [sys.executable, __file__, "--one", name, "--iters", str(args.iters),
-               "--tol", str(args.tol), "--residual", args.residual]
+               "--tol", str(args.tol), "--residual", args.residual, "--stop", args.stop]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         r = rows[-1]

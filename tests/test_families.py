@@ -175,16 +175,20 @@ def test_learned_matching_and_repair_beat_weight_matching_on_trained_mlp_pairs(m
     REPAIR 0.854 (0.916, 0.751, 0.896). With units assigned by angle, the earlier default,
     weight matching left more (0.077, 0.162, 0.064 of vanilla's) and learned matching and
     REPAIR 0.629 and 0.785 of it. Margins: learned 0.9, REPAIR 0.9 (a regression that gives
-    back half of the gain fails)."""
+    back half of the gain fails). Weight matching as these were measured: run to its fixed
+    point (``stop="fixed-point"``; the default's earlier stop leaves these pairs' weight
+    barriers within 1.6% of it, but moves learned matching's start: chaotic pairs, see
+    above)."""
     shares: dict[str, list[float]] = {"learned": [], "repair": []}
+    fixed_point = {"tol": 1e-5, "stop": "fixed-point"}
     for a, b in pairs_of(mlp_models):
         report = run_barrier(a, b, "digits", methods=("weight", "learned"), points=5,
-                             options=AlignOptions(seed=0, learned=MLP_LEARNED))
+                             options=AlignOptions(seed=0, learned=MLP_LEARNED, **fixed_point))
         weight = report.methods["weight"].loss_barrier
         assert weight > 0.03, (a, b, weight)
         shares["learned"].append(report.methods["learned"].loss_barrier / weight)
         repaired = run_barrier(a, b, "digits", methods=("weight",), points=5,
-                               options=AlignOptions(correction="repair"))
+                               options=AlignOptions(correction="repair", **fixed_point))
         assert repaired.methods["weight"].losses[0] == pytest.approx(
             report.methods["weight"].losses[0], rel=1e-6)  # (the endpoints are the models)
         shares["repair"].append(repaired.methods["weight"].loss_barrier / weight)

@@ -11,6 +11,7 @@ import glmc
 from glmc.api import read_token_counts
 from glmc.errors import GlmcError
 from glmc.io.folders import write_model
+from glmc.matching.descent import Sweeps
 from glmc.matching.solvers import align_inner, assignment, procrustes
 from glmc.matching.weight import WeightMatchingOptions, weight_matching
 from glmc.symmetry.groups import BlockInvertibleGroup, OrthogonalGroup, Permutation
@@ -171,6 +172,43 @@ def test_max_iter_bounds_the_trace_and_progress_is_reported(h):
     assert len(al.match.trace) == 2 and not al.match.converged
     assert [c[0] for c in calls] == [1, 2]
     assert calls[-1][1] == pytest.approx(al.match.trace[-1]["relative"])
+
+
+def _row(distance: float, solved: int, changed: int) -> dict:
+    return {"distance": distance, "units_solved": solved, "units_changed": changed}
+
+
+@pytest.mark.parametrize("stop", ["objective", "fixed-point"])
+def test_the_stopping_rules(stop):
+    """A small gain ends the run only after a full sweep ("objective"), and only when that
+    sweep also changed no assignment ("fixed-point"); a small gain after a partial sweep
+    asks for a full one."""
+    sweeps = Sweeps(["u", "v", "w"], tol=1e-2, stop=stop)
+    assert not sweeps.converged(1.0, _row(0.5, 3, 3))  # (a large gain)
+    for u in ("u", "v"):
+        sweeps.solved(u, True, 0)
+    assert sweeps.due(1) == ["w"]  # (unchanged units wait)
+    assert not sweeps.converged(0.5, _row(0.499, 1, 1))  # (small, but a partial sweep)
+    assert sweeps.due(2) == ["u", "v", "w"]  # (so the next one is full)
+    assert sweeps.converged(0.499, _row(0.498, 3, 1)) == (stop == "objective")
+    assert sweeps.converged(0.498, _row(0.498, 3, 0))
+
+
+def test_weight_matching_stops_at_the_first_full_sweep_gaining_less_than_tol(h):
+    """The default stop on an independently initialised pair: the last iteration is a full
+    sweep whose relative gain is under ``tol``, every earlier full sweep gained more."""
+    a, b = h.make_tiny("gpt2", seed=1).canonical(), h.make_tiny("gpt2", seed=2).canonical()
+    opts = WeightMatchingOptions(tol=1e-2)
+    trace = weight_matching(a, b, opts).trace
+    n_units = trace[0]["units_solved"]
+    start = [weight_matching(a, b, WeightMatchingOptions(max_iter=1)).init_distance,
+             *(r["distance"] for r in trace)]
+    gains = [(start[i] - r["distance"]) / start[i] for i, r in enumerate(trace)]
+    full = [i for i, r in enumerate(trace) if r["units_solved"] == n_units]
+    assert full[-1] == len(trace) - 1 and gains[-1] <= opts.tol
+    assert all(gains[i] > opts.tol for i in full[:-1])
+    fixed = weight_matching(a, b, WeightMatchingOptions(tol=1e-2, stop="fixed-point")).trace
+    assert len(fixed) >= len(trace)
 
 
 # -- token counts --------------------------------------------------------------------------

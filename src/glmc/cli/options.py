@@ -12,6 +12,7 @@ from glmc.matching.options import (
     PAIR_LAMBDA,
     SCHEDULES,
     STARTS,
+    STOPPING,
     WEIGHTINGS,
     LearnedMatchingOptions,
     WeightMatchingOptions,
@@ -39,6 +40,9 @@ def add_alignment_options(p: argparse.ArgumentParser, residual: bool = True) -> 
     g.add_argument("--tol", type=float, default=WM_DEFAULTS.tol,
                    help="stop weight matching when an iteration lowers the distance by less "
                    "(relative)")
+    g.add_argument("--stop", choices=STOPPING, default=WM_DEFAULTS.stop,
+                   help="objective: stop at the first such iteration; fixed-point: only after "
+                   "a full sweep that changed no assignment (slower, rarely a lower barrier)")
     g.add_argument("--weighting", choices=WEIGHTINGS, default=WM_DEFAULTS.weighting,
                    help="how tensors count in weight matching's distance: tensor, each by its "
                    "mean squared difference (an embedding table as much as an MLP matrix); "
@@ -193,7 +197,8 @@ def alignment_options(args: argparse.Namespace, vocab_size: int | None = None, *
     if getattr(args, "token_counts", None):
         counts = read_token_counts(args.token_counts, vocab_size or 0)
     fields = {"residual": getattr(args, "residual", "orthogonal"), "heads": args.heads,
-              "max_iter": args.iters, "tol": args.tol, "weighting": args.weighting,
+              "max_iter": args.iters, "tol": args.tol, "stop": args.stop,
+              "weighting": args.weighting,
               "token_counts": counts, "data": getattr(args, "data", None),
               "tokenizer": getattr(args, "tokenizer", None), "data_seed": args.data_seed,
               "learned": learned_options(args, getattr(args, "out", None)),

@@ -91,11 +91,13 @@ class Sweeps:
 
     Permutations settle after a few iterations while the residual map keeps improving: a
     unit whose assignment did not change is solved again only every third iteration. The run
-    ends only after a full sweep (every unit solved) that changed almost nothing.
+    ends at the first full sweep (every unit solved) that lowers D by less than ``tol``
+    (relative; ``stop="objective"``), or (``"fixed-point"``) at the first such sweep that
+    changed no assignment either. A small step after a partial sweep asks for a full one.
     """
 
-    def __init__(self, units: list[str], tol: float) -> None:
-        self.units, self.tol = units, tol
+    def __init__(self, units: list[str], tol: float, stop: str = "objective") -> None:
+        self.units, self.tol, self.stop = units, tol, stop
         self.quiet = dict.fromkeys(units, 0)  # iteration (1-based) since a unit is unchanged
 
     def due(self, it: int) -> list[str]:
@@ -109,7 +111,8 @@ class Sweeps:
         """Whether the iteration of trace ``row``, which started at distance ``start``, ends
         the run (a small step after a partial sweep asks for a full one)."""
         if start - row["distance"] <= self.tol * abs(start):
-            if row["units_solved"] == len(self.units) and row["units_changed"] == 0:
+            if row["units_solved"] == len(self.units) and (self.stop == "objective"
+                                                           or row["units_changed"] == 0):
                 return True
             self.quiet = dict.fromkeys(self.units, 0)
         return False

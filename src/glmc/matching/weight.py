@@ -11,7 +11,7 @@ element for every space of the spec. Each iteration takes them in turn, each giv
 2. then the residual (orthogonal) map: D's exact minimiser given the units, a Procrustes on
    the tensors' cross-correlations (:mod:`glmc.matching.residual`), kept if D falls;
 
-until a full sweep changes almost nothing (``descent.Sweeps``). This module is that loop.
+until an iteration lowers D by almost nothing (``descent.Sweeps``). This module is that loop.
 Where its work runs is the :class:`~glmc.matching.executors.Executor` it calls: the units one
 after another, several at once on threads (given the residual map, a transformer's units
 share no tensor), or shared out among torchrun's ranks (:class:`glmc.matching.spread.Ranks`),
@@ -55,7 +55,8 @@ def weight_matching(a: CanonicalModel, b: CanonicalModel,
     ``on_iteration(k, π after k iterations)`` from the start (k = 0) to the last."""
     opts = opts or WeightMatchingOptions()
     d = (spread.start if distributed.spread() else descent.start)(a, b, opts, where)
-    sweeps, trace = Sweeps(d.prob.units, opts.tol), []  # (inner spaces go with their heads)
+    sweeps = Sweeps(d.prob.units, opts.tol, opts.stop)  # (inner spaces go with their heads)
+    trace: list[dict] = []
     if on_iteration is not None:
         on_iteration(0, d.transform())
     with executor(d) as run:

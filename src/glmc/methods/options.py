@@ -34,7 +34,7 @@ class AlignOptions:
             paper's ablation) or ``"none"``; the ``-perm`` methods fix it to permutation.
         heads: ``"inner"`` (keep head_dim; heads assigned after aligning their inner bases)
             or ``"circuit"`` (both models rewritten with attention as QK/OV circuits first).
-        max_iter, tol, weighting, bias_weight, role_weights, unit_cost, inner, init: weight
+        max_iter, tol, stop, weighting, bias_weight, role_weights, unit_cost, inner, init: weight
             matching's options (see :class:`glmc.matching.options.WeightMatchingOptions`);
             ``init="auto"``: the residual map starts from activation matching's when the method
             has data and the map is orthogonal (``weight``, and learned matching's weight start;
@@ -64,6 +64,7 @@ class AlignOptions:
     heads: str = "inner"
     max_iter: int = _WM.max_iter
     tol: float = _WM.tol
+    stop: str = _WM.stop
     weighting: str = _WM.weighting
     bias_weight: float = _WM.bias_weight
     role_weights: dict[str, float] = field(default_factory=dict)
@@ -99,7 +100,7 @@ class AlignOptions:
         if init == "auto":
             init = "activation" if stream_start is not None else _WM.init
         return WeightMatchingOptions(
-            residual=self.residual, max_iter=self.max_iter, tol=self.tol,
+            residual=self.residual, max_iter=self.max_iter, tol=self.tol, stop=self.stop,
             weighting=self.weighting, bias_weight=self.bias_weight,
             role_weights=dict(self.role_weights),
             unit_cost=self.unit_cost, inner=self.inner, init=init,
