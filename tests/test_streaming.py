@@ -210,8 +210,9 @@ def _no_work(*args, **kwargs):
 def test_a_pair_that_does_not_fit_in_memory_is_refused_before_loading(h, tmp_path, monkeypatch,
                                                                       capsys, command):
     """The estimate from the safetensors headers (both models in float32 plus the working
-    set) against MemAvailable: one line saying both and what would make it fit, exit 2,
-    nothing loaded, nothing written."""
+    set; align's bfloat16 pair in bfloat16, see ``tests/test_held.py``) against
+    MemAvailable: one line saying both and what would make it fit, exit 2, nothing loaded,
+    nothing written."""
     for name, seed in (("a", 0), ("b", 1)):
         save_decoder(h, tmp_path / name, seed, max_shard_size="20KB")
     n = glmc.io.outputs.stored_params(tmp_path / "a")
@@ -227,7 +228,10 @@ def test_a_pair_that_does_not_fit_in_memory_is_refused_before_loading(h, tmp_pat
     assert rc == 2 and "Traceback" not in err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"glmc {command}: error: "), err
-    for fragment in (f"need about {glmc.io.outputs._size(pair)} in float32 plus",
+    if command == "align":
+        pair = glmc.io.outputs.pair_memory(tmp_path / "a", tmp_path / "b", half=True)[0]
+    dtype = "bfloat16" if command == "align" else "float32"
+    for fragment in (f"need about {glmc.io.outputs._size(pair)} in {dtype} plus",
                      "of working set; this machine has 6.1 MB available: free memory, or use a "
                      "machine with ≥ "):
         assert fragment in lines[0], lines[0]

@@ -87,9 +87,16 @@ class CanonicalModel:
     def dtype(self) -> torch.dtype:
         return next(iter(self.state.values())).dtype
 
-    def uncentred_writer(self, tol: float = 1e-5) -> tuple[str, float] | None:
+    def uncentred_writer(self, tol: float | None = None) -> tuple[str, float] | None:
         """The first residual writer that is not mean-zero, with its relative mean, or None
-        (None also for a family without a residual stream to centre)."""
+        (None also for a family without a residual stream to centre). ``tol`` (relative to
+        the writer's largest entry): default 1e-5, plus a half-precision state's rounding
+        (a centred writer rounded to it, as a pair handed over to weight matching is loaded,
+        is centred up to its rounding: ``load_model``'s ``half``)."""
+        if tol is None:
+            dtype = self.dtype if self.state else torch.float32
+            half = dtype in (torch.bfloat16, torch.float16)
+            tol = 1e-5 + torch.finfo(dtype).eps if half else 1e-5
         return self.family.uncentred_writer(self, tol)
 
     @property

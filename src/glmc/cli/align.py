@@ -59,7 +59,7 @@ def check_pair_options(args: argparse.Namespace) -> None:
     copies = (KEPT_MATCHING_COPIES + 1 if merging
               else MATCHING_COPIES if may_hand_over(args) else KEPT_MATCHING_COPIES)
     check_pair_memory(args.a, args.b, extra_copies=copies, what=f"{args.a} and {args.b}",
-                      **spread_ranks(args, merging))
+                      half=not merging and holds_half(args), **spread_ranks(args, merging))
 
 
 def spread_ranks(args: argparse.Namespace, merging: bool) -> dict:
@@ -75,13 +75,15 @@ def spread_ranks(args: argparse.Namespace, merging: bool) -> dict:
 
 
 def load_pair(args: argparse.Namespace, keep_stock: bool = False,
-              shares: bool = False) -> tuple[LoadedModel, LoadedModel]:
+              shares: bool = False, half: bool = False) -> tuple[LoadedModel, LoadedModel]:
     """Both input folders (see :func:`check_pair_options` for the checks before), checked to
     share their inputs, outputs and tokenizer.
 
     A's stock weights are dropped unless ``keep_stock`` (B's are kept). ``shares``: under
     torchrun, each rank reads only the tensors its share of the weight matching touches
-    (:func:`glmc.matching.spread.load_pair`; for align's handed-over pair)."""
+    (:func:`glmc.matching.spread.load_pair`; for align's handed-over pair). ``half``: the
+    canonical tensors of a bfloat16 pair kept in bfloat16 (``load_model``'s ``half``: see
+    :func:`holds_half`)."""
     from glmc.api import shared_tokenizer
     from glmc.distributed import spread
     from glmc.io.folders import load_model
@@ -92,13 +94,13 @@ def load_pair(args: argparse.Namespace, keep_stock: bool = False,
         from glmc.methods import AlignOptions
 
         opts = AlignOptions(residual=args.residual, heads=args.heads).weight_matching()
-        a, b = load_shares(args.a, args.b, opts, allow_pickle=args.allow_pickle)
+        a, b = load_shares(args.a, args.b, opts, allow_pickle=args.allow_pickle, half=half)
     else:
-        a = load_model(args.a, allow_pickle=args.allow_pickle)
+        a = load_model(args.a, allow_pickle=args.allow_pickle, half=half)
         if not keep_stock:
             a.stock_state = None  # (A is needed in canonical form only)
         release_memory()
-        b = load_model(args.b, allow_pickle=args.allow_pickle)
+        b = load_model(args.b, allow_pickle=args.allow_pickle, half=half)
     release_memory()
     same_interface(a.canonical.config, b.canonical.config, f"{args.a} vs {args.b}")
     shared_tokenizer(a.canonical, b.canonical, f"{args.a} vs {args.b}")
@@ -180,12 +182,22 @@ def may_hand_over(args: argparse.Namespace) -> bool:
 
 def hands_over(args: argparse.Namespace) -> bool:
     """Whether align hands the pair over to weight matching (``AlignOptions.hand_over``),
-    which frees the models' tensors as it goes (the same transform, bit for bit); B aligned
-    is then made from B's folder read again, part by part as it is written
+    which frees the models' tensors as it goes (the same transform, bit for bit; a bfloat16
+    pair matched in bfloat16, :mod:`glmc.matching.held`); B aligned is then made from B's
+    folder read again, part by part as it is written
     (:class:`glmc.io.moved.Moved`). So for the weight methods on heads as they are (under
     torchrun too, where each rank has read its share of the pair only: see
     :func:`load_pair`)."""
     return may_hand_over(args)
+
+
+def holds_half(args: argparse.Namespace) -> bool:
+    """Whether align loads a bfloat16 pair in bfloat16 (``load_model``'s ``half``; torch-free:
+    the memory check asks): handed over (:func:`hands_over`), without data, so that weight
+    matching alone reads the models, in bfloat16 as it would hold them anyway
+    (:mod:`glmc.matching.held`; with data, activation matching's start reads them as
+    models first)."""
+    return hands_over(args) and getattr(args, "data", None) is None
 
 
 def drop_checkpoint(args: argparse.Namespace) -> None:
@@ -201,8 +213,9 @@ def reference_logits(b: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
     from glmc.verify import folder_logits, random_inputs
 
     x = random_inputs(b.canonical.config)
-    # (one rank's share of a glmc folder: the folder as stored, not the canonical state)
-    source = open_model(b.path) if b.importer is None and b.canonical.partial else b
+    # (a glmc folder as stored, not the canonical state: it may be one rank's share, or
+    # rounded, see holds_half; the same values otherwise)
+    source = open_model(b.path) if b.importer is None else b
     return x, folder_logits(source)(x)
 
 
@@ -268,7 +281,7 @@ def _run(args: argparse.Namespace) -> int:
     phases: dict = {}  # (seconds and peak memory of each phase, in the report)
     hand_over = hands_over(args)
     stamp = folder_stamp(args.b) if hand_over else ()
-    a, b = load_pair(args, shares=hand_over)
+    a, b = load_pair(args, shares=hand_over, half=holds_half(args))
     clock = phase(phases, "load", t0)
     if is_main():  # (B's weights read from its files one block at a time, in float64)
         reference = reference_logits(b)

@@ -31,6 +31,12 @@ WEIGHTS = "model.safetensors"
 #: The dtypes weights are written in (others are written as float32).
 STORED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
                  "float64": torch.float64}
+#: The stored dtype in which weight matching holds a pair handed over to it (its inputs
+#: rounded to it: :mod:`glmc.matching.held`), and in which such a pair is loaded
+#: (``load_model``'s ``half``): bfloat16, whose range is float32's. (Float16's is narrower
+#: than the canonical rewrite may need, a norm's gain folded into a reader: a float16 pair
+#: is held in float32.)
+HELD_HALF = torch.bfloat16
 
 
 def stored_dtype_of(state: StateDict) -> str:

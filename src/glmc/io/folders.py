@@ -27,6 +27,8 @@ from glmc.families.importers import Importer, NotRepresentable
 from glmc.families.registry import family_named, importer_for
 from glmc.io.atomic import atomic_dir
 from glmc.io.files import (
+    HELD_HALF,
+    STORED_DTYPES,
     stored_dtype,
     stored_dtype_of,
     write_glmc,
@@ -38,6 +40,10 @@ from glmc.io.partial import read_part
 from glmc.model import CanonicalModel
 from glmc.tensors import StateDict
 
+#: The float32 bytes of canonical tensors made at once where a model is made part by part
+#: (``load_model``'s ``half``, B aligned written by :mod:`glmc.io.moved`; at least one
+#: tensor, however large): a layer or two of a billion-parameter model.
+PART_BYTES = 256 << 20
 #: The report and the transform written beside an output model's weights.
 REPORT = "glmc_report.json"
 TRANSFORM = "transform.safetensors"
@@ -419,7 +425,7 @@ def open_model(path: str | Path, *, allow_pickle: bool = False,
 
 def load_model(path: str | Path, *, allow_pickle: bool = False,
                dtype: torch.dtype = torch.float32,
-               only: Collection[str] | None = None) -> LoadedModel:
+               only: Collection[str] | None = None, half: bool = False) -> LoadedModel:
     """Read a HF or glmc model folder and bring it to canonical form (exact rewrite).
 
     The tensors are read one at a time from the memory-mapped safetensors files (a sharded
@@ -430,9 +436,18 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
     ``only``: the canonical tensors to make (one process's share of a matching spread over
     several, :mod:`glmc.matching.spread`); the others are placeholders of their shapes and
     dtypes on the meta device, and only the stored tensors the wanted ones are made from
-    are read (:func:`glmc.io.partial.read_part`; ``()``: the model's shapes alone)."""
+    are read (:func:`glmc.io.partial.read_part`; ``()``: the model's shapes alone).
+
+    ``half``: a model stored in :data:`~glmc.io.files.HELD_HALF` (bfloat16) keeps its
+    canonical tensors in it, each made in ``dtype`` as above and rounded, :data:`PART_BYTES`
+    at a time: the model costs its canonical form in bfloat16 plus one part. For a pair
+    handed over to weight matching, which reads it so rounded anyway
+    (:mod:`glmc.matching.held`): nothing else may read these tensors as the model's own
+    (B aligned is made from the folder again)."""
     m = open_model(path, allow_pickle=allow_pickle, dtype=dtype)
-    canonical = canonical_of(m, only).with_files(read_side_files(m.path))
+    held = half and STORED_DTYPES.get(m.dtype) == HELD_HALF
+    canonical = (rounded_canonical(m, HELD_HALF, only) if held
+                 else canonical_of(m, only)).with_files(read_side_files(m.path))
     if m.importer is None:
         return LoadedModel(m.path, canonical)
     return LoadedModel(m.path, canonical, m.importer, m.config, m.state)
@@ -458,6 +473,43 @@ def canonical_of(m: StoredModel, only: Collection[str] | None = None) -> Canonic
                               None, only)
     _record_dtype(canonical.config, m.dtype)
     return canonical
+
+
+def rounded_canonical(m: StoredModel, half: torch.dtype,
+                      only: Collection[str] | None = None) -> CanonicalModel:
+    """:func:`canonical_of` with every floating tensor rounded to ``half``, made in runs
+    (:func:`part_runs`), each from the stored tensors it needs (the same tensors as a whole
+    conversion's: :func:`glmc.io.partial.read_part`)."""
+    skeleton = canonical_of(m, only=())
+    state = {n: torch.empty(t.shape, device="meta",
+                            dtype=half if t.is_floating_point() else t.dtype)
+             for n, t in skeleton.state.items()}
+    names = [n for n in state if only is None or n in only]
+    for run in part_runs(names, {n: frozenset([n]) for n in names}, skeleton.state,
+                         PART_BYTES):
+        made = canonical_of(m, only=set(run)).state
+        for n in run:
+            t = made.pop(n)
+            state[n] = t.to(half) if t.is_floating_point() else t
+    return skeleton.with_state(state)
+
+
+def part_runs(names: list[str], sources: Mapping[str, frozenset[str]],
+              canonical: Mapping[str, torch.Tensor], limit: int) -> Iterator[list[str]]:
+    """``names`` in order, cut into runs whose ``sources`` (canonical tensors, of which
+    ``canonical`` gives the shapes) take at most ``limit`` bytes in float32 (a run holds
+    at least one name)."""
+    run: list[str] = []
+    held: set[str] = set()
+    for n in names:
+        more = held | sources[n]
+        if run and 4 * sum(canonical[s].numel() for s in more) > limit:
+            yield run
+            run, more = [], set(sources[n])
+        run.append(n)
+        held = more
+    if run:
+        yield run
 
 
 def _unread(state: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:

@@ -36,10 +36,12 @@ from glmc.io.files import (
     write_hf_config,
 )
 from glmc.io.folders import (
+    PART_BYTES,
     StoredModel,
     canonical_of,
     folder_stamp,
     open_model,
+    part_runs,
     read_side_files,
     write_stock,
 )
@@ -50,9 +52,6 @@ from glmc.tensors import StateDict
 
 __all__ = ["PART_BYTES", "Moved"]
 
-#: The float32 bytes of canonical tensors one part is made from (at least one output
-#: tensor's, however large): a layer or two of a billion-parameter model.
-PART_BYTES = 256 << 20
 
 
 @dataclass
@@ -198,15 +197,5 @@ def _layout(state: dict[str, torch.Tensor], dtype: torch.dtype,
 def _parts(names: list[str], sources: dict[str, frozenset[str]],
            canonical: dict[str, Any]) -> Iterator[list[str]]:
     """``names`` in order, cut into runs whose canonical sources take at most
-    :data:`PART_BYTES` in float32 (a run holds at least one name)."""
-    run: list[str] = []
-    held: set[str] = set()
-    for n in names:
-        more = held | sources[n]
-        if run and 4 * sum(canonical[s].numel() for s in more) > PART_BYTES:
-            yield run
-            run, more = [], set(sources[n])
-        run.append(n)
-        held = more
-    if run:
-        yield run
+    :data:`PART_BYTES` in float32 (:func:`~glmc.io.folders.part_runs`)."""
+    return part_runs(names, sources, canonical, PART_BYTES)

@@ -128,6 +128,13 @@ def stored_params(folder: str | Path) -> int:
 def stored_shapes(folder: str | Path) -> dict[str, list[int]] | None:
     """Every tensor's shape in a model folder's safetensors file or shards, from their
     headers alone (no tensor read); None when the folder cannot be read this way."""
+    header = stored_header(folder)
+    return None if header is None else {k: list(v["shape"]) for k, v in header.items()}
+
+
+def stored_header(folder: str | Path) -> dict[str, dict] | None:
+    """Every tensor's header entry (``{"dtype": "BF16", "shape": [...], ...}``) in a model
+    folder's safetensors file or shards; None when the folder cannot be read this way."""
     folder = Path(folder)
     files = [folder / "model.safetensors"]
     index = folder / "model.safetensors.index.json"
@@ -137,19 +144,21 @@ def stored_shapes(folder: str | Path) -> dict[str, list[int]] | None:
             files = [folder / f for f in sorted(set(weight_map.values()))]
         if not files or not files[0].is_file():
             return None
-        shapes: dict[str, list[int]] = {}
+        header: dict[str, dict] = {}
         for f in files:
-            shapes |= _safetensors_shapes(f)
-        return shapes
-    except (OSError, ValueError, TypeError, AttributeError, struct.error):
+            header |= _safetensors_header(f)
+        for entry in header.values():
+            list(entry["shape"])  # (a header without shapes is not readable this way)
+        return header
+    except (OSError, ValueError, TypeError, AttributeError, KeyError, struct.error):
         return None
 
 
-def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
+def _safetensors_header(path: Path) -> dict[str, dict]:
     with path.open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(min(length, 100 << 20)))
-    return {k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    return {k: v for k, v in header.items() if k != "__metadata__"}
 
 
 # -- memory ----------------------------------------------------------------------------------
@@ -168,13 +177,29 @@ LARGEST_TENSOR_COPIES = 4
 #: the residual cache's float64 cross-correlations (d × d per MLP matrix) and each worker's
 #: unit step (its n × n cost and the unit's tensors moved); loading and the reference logits
 #: hold the two models and one layer in float64, writing B aligned and its stock form.
-#: Measured at 1 and 2 threads on a Llama pair of TinyLlama-1.1B's widths with 4 of its 22
+#: Measured (before a bfloat16 pair was held in bfloat16: :data:`HALF_MATCHING_COPIES`) at 1
+#: and 2 threads on a Llama pair of TinyLlama-1.1B's widths with 4 of its 22
 #: layers (293M parameters each, bfloat16): 3.65 GB at the peak, the reference logits (the
 #: descent 3.25 and 3.46 GB; 6.10 GB with the models kept), which extrapolates to about
 #: 10.0 GB for the 1.1B pair (A and B 8.8 GB of it; 18.7 GB kept); a float32 checkpoint,
 #: none of whose copies is kept in half precision, to about 11.9 GB at 2 threads, which this
 #: fraction covers.
 MATCHING_COPIES = 0.35
+#: The same for a bfloat16 pair that ``glmc align`` loads in bfloat16 (handed over without
+#: data: ``load_model``'s ``half``), beside A and B in bfloat16 (2 bytes a parameter, not 4).
+#: The matching holds A's weighted copies and B moved in bfloat16 too, in their place, and
+#: the residual cache's cross-correlations in float32 (:mod:`glmc.matching.held`), so what
+#: it adds is: the cache (d × d × 4 bytes per MLP matrix of d × f parameters: 1.1 GB at
+#: TinyLlama-1.1B's d = 2048, f = 5632, a quarter of a float32 copy of B), the
+#: fresh tensors moved by a residual step (in bfloat16), and a unit's tensors read into
+#: float32 with its n × n buffers, per worker (the part that does not shrink with the pair's
+#: dtype); loading adds one part in float32 (``glmc.io.folders.PART_BYTES``). Measured on
+#: TinyLlama-1.1B's shape (1.1B parameters each, bfloat16) at 1 thread with weight
+#: matching capped at 1 iteration: 6.93 GB at the peak, the matching (loading 5.44 GB),
+#: where this estimates 7.8 GB; a second worker adds its unit's tensors and buffers (before
+#: the pair was held in bfloat16, its 15-iteration run at 2 threads, 10.75 GB, peaked 0.7 GB
+#: above the 1-iteration one at 1 thread), which the margin covers.
+HALF_MATCHING_COPIES = 0.4
 #: The same with the models kept in memory (merge; align's methods that read data, heads as
 #: circuits): B moved by the starting transform (its descent's start) and B aligned (built
 #: while A and B are held). Measured: a 1.1B-parameter pair passes 18.7 GB; A and B are
@@ -196,7 +221,7 @@ def available_memory() -> int | None:
 
 
 def pair_memory(a: str | Path, b: str | Path, extra_copies: float = MATCHING_COPIES,
-                ranks: tuple[int, int] = (1, 1)) -> tuple[int, int] | None:
+                ranks: tuple[int, int] = (1, 1), half: bool = False) -> tuple[int, int] | None:
     """What aligning model folder B to A holds at its peak, from the safetensors headers
     alone: (both models in float32, the working set), in bytes; None when a folder's
     headers cannot be read (loading it reports why).
@@ -209,34 +234,57 @@ def pair_memory(a: str | Path, b: str | Path, extra_copies: float = MATCHING_COP
     hold at most the models and one layer beside them (:mod:`glmc.verify`; B aligned from a
     handed-over pair is written part by part, :mod:`glmc.io.moved`).
 
+    ``half``: a pair both of whose folders store most parameters in bfloat16 is loaded and
+    matched in it (``glmc align``'s pair handed over without data): the models in bfloat16
+    and :data:`HALF_MATCHING_COPIES` instead of ``extra_copies``.
+
     ``ranks``: (processes on this machine, processes in all) of a weight matching spread
     across ranks, each reading its share of the pair (:func:`glmc.matching.spread.load_pair`):
     the machine holds its processes' shares of the pair and of the copies, and each one's
     largest tensors and runtime.
     """
-    shapes = [stored_shapes(folder) for folder in (a, b)]
-    if any(s is None or not s for s in shapes):
+    read = [_stored_sizes(folder) for folder in (a, b)]
+    if any(r is None or not r[0] for r in read):
         return None
-    sizes = [[math.prod(shape) for shape in s.values()] for s in shapes]  # type: ignore[union-attr]
+    sizes = [r[0] for r in read]  # type: ignore[index]
     here, world = ranks
-    pair = BYTES_PER_PARAM * (sum(sizes[0]) + sum(sizes[1])) * here // world
+    per_param = BYTES_PER_PARAM
+    if half and all(r[1] for r in read):  # type: ignore[index]
+        per_param, extra_copies = BYTES_PER_PARAM // 2, HALF_MATCHING_COPIES
+    pair = per_param * (sum(sizes[0]) + sum(sizes[1])) * here // world
     beside = here * (LARGEST_TENSOR_COPIES * BYTES_PER_PARAM * max(max(s) for s in sizes)
                      + RUNTIME_BYTES)
     working = int(BYTES_PER_PARAM * extra_copies * sum(sizes[1]) * here / world) + beside
     return pair, working
 
 
+def _stored_sizes(folder: str | Path) -> tuple[list[int], bool] | None:
+    """Each tensor's parameters in a model folder, and whether most are stored in bfloat16
+    (the dtype it is then loaded as, ``glmc.io.files.stored_dtype_of``), from the headers;
+    None when they cannot be read."""
+    header = stored_header(folder)
+    if header is None:
+        return None
+    sizes = {k: math.prod(e["shape"]) for k, e in header.items()}
+    bf16 = sum(n for k, n in sizes.items() if header[k].get("dtype") == "BF16")
+    return list(sizes.values()), 2 * bf16 > sum(sizes.values())
+
+
 def check_pair_memory(a: str | Path, b: str | Path, extra_copies: float = MATCHING_COPIES,
-                      what: str = "A and B", ranks: tuple[int, int] = (1, 1)) -> None:
-    """Refuse, before loading, a pair whose estimate (:func:`pair_memory`) exceeds the
-    memory available (:func:`available_memory`): one GlmcError with the estimate and what
-    would make it fit. Nothing is refused when either cannot be read."""
-    need = pair_memory(a, b, extra_copies, ranks)
+                      what: str = "A and B", ranks: tuple[int, int] = (1, 1),
+                      half: bool = False) -> None:
+    """Refuse, before loading, a pair whose estimate (:func:`pair_memory`, also for
+    ``half``) exceeds the memory available (:func:`available_memory`): one GlmcError with
+    the estimate and what would make it fit. Nothing is refused when either cannot be
+    read."""
+    need = pair_memory(a, b, extra_copies, ranks, half)
     free = available_memory()
     if need is None or free is None or sum(need) <= free:
         return
     pair, working = need
-    raise GlmcError(f"{what} need about {_size(pair)} in float32 plus {_size(working)} of "
+    dtype = "bfloat16" if half and all(r and r[1] for r in map(_stored_sizes, (a, b))) \
+        else "float32"
+    raise GlmcError(f"{what} need about {_size(pair)} in {dtype} plus {_size(working)} of "
                     f"working set; this machine has {_size(free)} available: free memory, "
                     f"or use a machine with ≥ {_size_up(pair + working)}")
 

@@ -186,7 +186,8 @@ def start(a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions,
     if opts.fix_ones is None:
         opts = replace(opts, fix_ones=fixes_ones(a, b))
     workspace.release_freed()  # (what the caller freed before: loading, say)
-    d = Descent.start(Problem(a, b, opts), a.dtype)
+    prob = Problem(a, b, opts)
+    d = Descent.start(prob, prob.dtype)
     workspace.release_freed()
     return d
 

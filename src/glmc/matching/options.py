@@ -78,7 +78,9 @@ class WeightMatchingOptions:
     #: tensor leaves its model's state dict as soon as the matching no longer reads it (A's
     #: replaced by the weighted copies the steps read, B's once moved to the start), so that
     #: the models are not held beside the matching's own copies. The result is the same, bit
-    #: for bit; both state dicts are to be emptied afterwards (see ``Problem``).
+    #: for bit, except for a pair stored in bfloat16, then matched in it (its copies held
+    #: at half the memory: :mod:`glmc.matching.held`); both state dicts are to be emptied
+    #: afterwards (see ``Problem``).
     hand_over: bool = False
 
     def __post_init__(self) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ import torch
 from glmc.errors import GlmcError
 from glmc.matching import workspace
 from glmc.matching.heads import HeadUnit, Proposal, balancing, head_unit, propose_heads
+from glmc.matching.held import HeldState, held_dtype, rounded
 from glmc.matching.options import WEIGHTINGS, WeightMatchingOptions
 from glmc.matching.steps import solve
 from glmc.model import CanonicalModel, check_pair
@@ -153,24 +154,29 @@ class WeightedState(Mapping[str, torch.Tensor]):
     bfloat16 or float16 holds exactly (:func:`packed`: a half-precision checkpoint's tensors
     that the canonical rewrite leaves as stored) is kept so instead, at half the memory, and
     weighed when read: the same numbers (``state`` then holds a placeholder of its shape
-    and dtype on the meta device)."""
+    and dtype on the meta device).
+
+    ``half``: the dtype the pair is held in (:func:`glmc.matching.held.held_dtype`): every
+    tensor is read rounded to it, in float32 at least, and every kept one kept in it."""
 
     def __init__(self, state: StateDict, names: list[str],
                  weigh: Callable[[str, torch.Tensor, slice | None], torch.Tensor],
-                 held: set[str], consume: bool = False) -> None:
-        self._state, self._weigh = state, weigh
+                 held: set[str], consume: bool = False,
+                 half: torch.dtype | None = None) -> None:
+        self._state, self._weigh, self._half = state, weigh, half
         self._names = dict.fromkeys(names)  # (ordered)
         self._held: dict[str, torch.Tensor] = {}
         self._packed: dict[str, tuple[torch.Tensor, torch.dtype]] = {}
         for n in names:
             if n not in held:
                 continue
-            half = packed(state[n]) if consume else None
-            if half is not None:
-                self._packed[n] = (half, state[n].dtype)
-                state[n] = torch.empty_like(state[n], device="meta")
+            t = state[n]
+            small = (packed(t) if half is None or t.is_meta else t.to(half)) if consume else None
+            if small is not None:
+                self._packed[n] = (small, torch.promote_types(t.dtype, torch.float32))
+                state[n] = torch.empty_like(t, device="meta")
             else:
-                self._held[n] = weigh(n, state[n], None)
+                self._held[n] = weigh(n, rounded(t, half), None)
                 if consume:
                     state[n] = self._held[n]
 
@@ -180,10 +186,10 @@ class WeightedState(Mapping[str, torch.Tensor]):
             return t
         if name not in self._names:
             raise KeyError(name)
-        half = self._packed.get(name)
-        if half is not None:
-            return self._weigh(name, half[0].to(half[1]), None)
-        return self._weigh(name, self._state[name], None)
+        small = self._packed.get(name)
+        if small is not None:
+            return self._weigh(name, small[0].to(small[1]), None)
+        return self._weigh(name, rounded(self._state[name], self._half), None)
 
     def __contains__(self, name: object) -> bool:
         return name in self._names
@@ -210,11 +216,11 @@ class WeightedState(Mapping[str, torch.Tensor]):
 
     def rows(self, name: str, size: int) -> Iterator[torch.Tensor]:
         """The weighted tensor ``name`` in blocks of ``size`` rows (of its first axis)."""
-        t, held, half = self._state[name], self._held.get(name), self._packed.get(name)
+        t, held, small = self._state[name], self._held.get(name), self._packed.get(name)
         for i in range(0, t.shape[0], size):
             s = slice(i, i + size)
-            yield (held[s] if held is not None else
-                   self._weigh(name, half[0][s].to(half[1]) if half else t[s], s))
+            yield (held[s] if held is not None else self._weigh(
+                name, small[0][s].to(small[1]) if small else rounded(t[s], self._half), s))
 
     def sq_norm(self, name: str, block: int = 1 << 22) -> float:
         """‖√w_t·X_t‖² summed in float64; a tensor of more than ``block`` entries (an
@@ -266,7 +272,8 @@ class Weighing:
 class Problem:
     """Weighted A and B (each tensor times √w_t: :class:`WeightedState`, A's copies kept for
     the tensors the steps read, B's made when read), the spec's units, and the distance's
-    terms."""
+    terms. A pair handed over and stored in bfloat16 is held in it (``half``, and B moved:
+    :meth:`moved`; see :mod:`glmc.matching.held`)."""
 
     def __init__(self, a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions,
                  only: set[str] | None = None,
@@ -286,7 +293,11 @@ class Problem:
         names = [n for n in spec.axes if only is None or n in only]
         self.names = names  # (the tensors the distance covers, in the spec's order)
         stream = stream_space(spec)
-        self.dtype = a.state[next(iter(spec.axes))].dtype
+        #: The dtype the pair is held in when not its own (see :mod:`glmc.matching.held`)
+        self.half = held_dtype(a, b, opts.hand_over)
+        own = a.state[next(iter(spec.axes))].dtype
+        #: The dtype of the products and of the elements
+        self.dtype = own if self.half is None else torch.promote_types(own, torch.float32)
         self._balance: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._memo: dict[str, Any] = {}
         self._unit_norms: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -326,8 +337,9 @@ class Problem:
         solo = {n for n in names if stream is not None and spec.spaces_of(n) == {stream}}
         hand_over = opts.hand_over  # (A's tensors replaced by their kept copies)
         weigh = Weighing(self.w, opts.row_masks)
-        self.A = WeightedState(a.state, names, weigh, keep - solo, consume=hand_over)
-        self.B = WeightedState(b.state, names, weigh, set())  # (freed in apply)
+        self.A = WeightedState(a.state, names, weigh, keep - solo, consume=hand_over,
+                               half=self.half)
+        self.B = WeightedState(b.state, names, weigh, set(), half=self.half)  # (freed in apply)
         # ‖A_t‖², ‖B_t‖² (weighted): a tensor moved by permutations and orthogonal maps keeps
         # its norm, so its distance term is ‖A‖² + ‖B‖² − 2⟨A, π(B)⟩.
         self.sq_a = {n: self.A.sq_norm(n) for n in names if n in keep}
@@ -381,12 +393,20 @@ class Problem:
         # (identity permutations would only copy: the start's are most of the elements)
         use = {k: e for k, e in elements.items() if k not in exclude
                and not (isinstance(e, Permutation) and e.is_identity())}
-        out = {}
+        out = self.moved()
         for n in (names if names is not None else self.spec.axes):
             out[n] = apply_axes(self.B[n], self.spec.axes[n], use)
             if self.opts.hand_over:
                 self.B.drop(n)
         return out
+
+    def moved(self, items: Iterable[tuple[str, torch.Tensor]] = ()) -> StateDict:
+        """A state of B moved, as the matching holds it, filled with ``items`` (made one by
+        one): a dict, or held in the pair's half dtype (:class:`HeldState`, each tensor
+        rounded as it is set: the terms computed from it are those of what is held)."""
+        if self.half is None:
+            return dict(items)
+        return HeldState(self.half, self.dtype, items)  # type: ignore[return-value]
 
     def stream_group(self) -> Group:
         """The group the residual map is sought in (see :func:`effective_groups`)."""

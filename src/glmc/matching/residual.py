@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -21,11 +21,13 @@ from glmc.symmetry.transform import apply_axes
 from glmc.tensors import StateDict, axis_first
 
 
-def residual_cross(prob: Problem, space: str, bt: StateDict) -> torch.Tensor:
-    """Σ over occurrences of ``space`` in ``bt``'s tensors: A_axis-first · B̃_axis-firstᵀ."""
+def residual_cross(prob: Problem, space: str, bt: Mapping[str, torch.Tensor],
+                   names: Collection[str]) -> torch.Tensor:
+    """Σ over occurrences of ``space`` in the tensors ``names`` of ``bt``:
+    A_axis-first · B̃_axis-firstᵀ."""
     m = None
     for n, axis, _ in prob.spec.occurrences(space):
-        if n in bt:
+        if n in names:
             c = (axis_first(prob.A[n], axis) @ axis_first(bt[n], axis).T).double()
             m = c if m is None else m + c
     return m
@@ -107,6 +109,11 @@ class ResidualCache:
     whose units are not due; ``refresh`` brings them up to date before their unit is solved.
     Tensors in head bundles (circuit terms, and inner maps that move even when the heads'
     assignment does not) and tensors the space acts on twice are kept fresh instead.
+
+    The C_n are summed and multiplied in float64 and kept so; for a pair held in bfloat16
+    (``prob.half``) they are kept in float32 (half the memory, as large as B held): their
+    products are float32 ones, and the rounding of the pair to bfloat16 is 2¹⁶ times
+    float32's.
     """
 
     def __init__(self, prob: Problem, space: str, t: Element, bt_all: StateDict) -> None:
@@ -121,6 +128,7 @@ class ResidualCache:
                      if counts.get(n) == 1 and n not in self.fresh}
         self.at = dict.fromkeys(counts, t)  # the residual element applied to bt_all[n]
         self.cross: dict[str, torch.Tensor] = {}
+        self.kept = torch.float64 if prob.half is None else torch.float32  # (the C_n's)
         self.recross(list(self.axis))
         # The steps from a stale map to the current one, shared by the units (most of them
         # take the same step: a d x d x d product each would repeat it), keyed by the maps'
@@ -155,7 +163,7 @@ class ResidualCache:
     def _cross(self, n: str, bt: torch.Tensor) -> torch.Tensor:
         ax = self.axis[n]
         c = axis_first(self.prob.A[n], ax) @ axis_first(bt, ax).T
-        return c.double() @ self.at[n].matrix(torch.float64)
+        return (c.double() @ self.at[n].matrix(torch.float64)).to(self.kept)
 
     def permuted(self, moved: StateDict, space: str, old: Element,
                  new: Element) -> dict[str, torch.Tensor]:
@@ -180,26 +188,27 @@ class ResidualCache:
             db = bt.index_select(u, changed) - self.bt_all[n].index_select(u, changed)
             # (|U|·d² in float64, not d³: T multiplies the thin factor)
             tm = self.at[n].matrix(torch.float64)
-            out[n] = self.cross[n] + axis_first(a, ax).double() @ (
-                axis_first(db, ax).T.double() @ tm)
+            out[n] = (self.cross[n] + axis_first(a, ax).double() @ (
+                axis_first(db, ax).T.double() @ tm)).to(self.kept)
         return out
 
     def solve(self, el: dict[str, Element], const: torch.Tensor) -> Element:
         self.refresh(self.fresh, el)
         m = sum(self.cross.values(), const.clone())
         if self.direct:  # (quadratic terms are linearised at T)
-            c = residual_cross(self.prob, self.space, {n: self.bt_all[n] for n in self.direct})
+            c = residual_cross(self.prob, self.space, self.bt_all, self.direct)
             m = m + c @ el[self.space].matrix(torch.float64)
         return self.prob.solve_stream(m, el[self.space])
 
     def terms(self, t: Element, el: dict[str, Element]) -> tuple[dict[str, float], StateDict]:
         """The distance terms under residual map ``t`` and the fresh tensors moved to it."""
         if t is el[self.space]:
-            moved = {n: self.bt_all[n] for n in self.fresh}
+            moved = self.prob.moved((n, self.bt_all[n]) for n in self.fresh)
         else:
             step = t.compose(el[self.space].inverse())
-            moved = {n: apply_axes(self.bt_all[n], self.prob.spec.axes[n], {self.space: step})
-                     for n in self.fresh}
+            moved = self.prob.moved(
+                (n, apply_axes(self.bt_all[n], self.prob.spec.axes[n], {self.space: step}))
+                for n in self.fresh)
         out = self.prob.terms(moved)
         tm = t.matrix(torch.float64)
         for n, c in self.cross.items():

@@ -167,18 +167,19 @@ def local_tensors(a: CanonicalModel, b: CanonicalModel,
 
 
 def load_pair(a: str | Path, b: str | Path, opts: WeightMatchingOptions,
-              allow_pickle: bool = False) -> tuple[LoadedModel, LoadedModel]:
+              allow_pickle: bool = False, half: bool = False) -> tuple[LoadedModel, LoadedModel]:
     """Model folders A and B with only this rank's tensors read (:func:`local_tensors`; the
     others are placeholders of their shapes, ``load_model``'s ``only``), for weight
-    matching across the ranks: a rank holds about its share of the pair. Its reading
-    errors, like the matching's, stop every rank (rank 0 saying it)."""
+    matching across the ranks: a rank holds about its share of the pair (``half``: in
+    bfloat16, ``load_model``'s). Its reading errors, like the matching's, stop every rank
+    (rank 0 saying it)."""
     held: dict = {}
 
     def load() -> None:
         names = local_tensors(load_model(a, allow_pickle=allow_pickle, only=()).canonical,
                               load_model(b, allow_pickle=allow_pickle, only=()).canonical,
                               opts)
-        held["pair"] = tuple(load_model(m, allow_pickle=allow_pickle, only=names)
+        held["pair"] = tuple(load_model(m, allow_pickle=allow_pickle, only=names, half=half)
                              for m in (a, b))
 
     distributed.exchange(load)  # (the models stay on their ranks: only errors are shared)
@@ -236,10 +237,11 @@ def start(a: CanonicalModel, b: CanonicalModel, opts: WeightMatchingOptions,
     def problem() -> None:
         held["prob"] = prob = Problem(a, b, held["opts"], local=local)
         if not made:  # (chained units: every rank descends alone)
-            held["descent"] = Descent.start(prob, a.dtype)
+            held["descent"] = Descent.start(prob, prob.dtype)
 
     distributed.exchange(problem)
-    d = held["descent"] if not made else SpreadDescent.begin(held["prob"], made[0], a.dtype)
+    d = held["descent"] if not made else SpreadDescent.begin(held["prob"], made[0],
+                                                             held["prob"].dtype)
     workspace.release_freed()
     return d
 

@@ -100,7 +100,7 @@ def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
     def moved_to(new: dict[str, Element]) -> tuple[StateDict, dict[str, float]]:
         if len(spaces) == 1 and same_element(new[unit], el[unit]):  # (back: bt_all itself)
             return {n: bt_all[n] for n in names}, dict(before)
-        moved = {n: apply_axes(bt[n], spec.axes[n], new) for n in names}
+        moved = prob.moved((n, apply_axes(bt[n], spec.axes[n], new)) for n in names)
         return moved, prob.terms(moved, own)
 
     new = proposal.finish(solution)

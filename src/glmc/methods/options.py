@@ -55,8 +55,9 @@ class AlignOptions:
             :mod:`glmc.correction`): ``"none"``, ``"reset"`` or ``"repair"``.
         hand_over: the pair is handed over to weight matching (``weight``, ``weight-perm``;
             what ``glmc align`` does, which reads B again for its output): it frees the
-            models' tensors as it goes, the same transform bit for bit, and both models are
-            left empty, with no ``aligned`` model (apply ``transform`` to B read again; see
+            models' tensors as it goes, the same transform bit for bit (a bfloat16 pair is
+            matched in bfloat16: :mod:`glmc.matching.held`), and both models are left
+            empty, with no ``aligned`` model (apply ``transform`` to B read again; see
             :class:`glmc.io.moved.Moved`). Other methods ignore it.
     """
 
