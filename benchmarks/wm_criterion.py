@@ -29,10 +29,17 @@ from heldout import measure, suite
 OUT = RESULTS / "wm_criterion.json"
 #: Weight matching's options as they were before the speed changes (what "before" runs),
 #: and the defaults (after).
-VARIANTS: dict[str, dict] = {
-    "before": {"tol": 1e-5, "max_iter": 15, "stop": "fixed-point"},
-    "after": {},
-}
+BEFORE = {"tol": 1e-5, "max_iter": 15, "stop": "fixed-point"}
+FREE = {"init": "embeddings"}  # (data-free: what glmc align does without --data)
+VARIANTS: dict[str, dict] = {"before": BEFORE, "after": {}, "before, data-free": BEFORE | FREE,
+                             "after, data-free": FREE}
+#: The validation screen the default was chosen on (``--part val --screen``): the stop at the
+#: first full sweep gaining less than ``tol``, at several tols, and one iteration alone.
+SCREEN: dict[str, dict] = {
+    "before": BEFORE, "tol 1e-3": {"tol": 1e-3}, "tol 1e-2 (after)": {"tol": 1e-2},
+    "tol 3e-2": {"tol": 3e-2}, "one iteration": {"max_iter": 1},
+    "before, data-free": BEFORE | FREE, "tol 1e-2, data-free (after)": {"tol": 1e-2} | FREE,
+    "tol 3e-2, data-free": {"tol": 3e-2} | FREE}
 LIMIT = 1.01  # after / before, at most
 
 
@@ -51,35 +58,33 @@ def run(pairs: list[str] | None, part: str, variants: dict[str, dict], cache: Pa
 
 
 def table(results: dict, part: str = "test") -> str:
-    """Rows: pairs of ``part``; columns: each variant's barrier, iterations and weight
-    matching's seconds, and (after the first) its barrier over the first's."""
+    """Rows: pairs of ``part``; a column per variant: the barrier, (the iterations; the
+    barrier over its "before": with data, or data-free)."""
     pairs = {k: r for k, r in results.get("pairs", {}).items()
              if next(iter(r.values()))["part"] == part}
     names = list(dict.fromkeys(v for r in pairs.values() for v in r))
-    head = "| pair | " + " | ".join(
-        f"{v}: barrier | iterations | s" + (f" | {v} / {names[0]}" if i else "")
-        for i, v in enumerate(names)) + " |"
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    lines = ["| pair | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     runs = set()
     for key, row in pairs.items():
-        first = row[names[0]]["methods"]["weight"]["loss_barrier"]
         cells = []
-        for i, v in enumerate(names):
+        for v in names:
             if v not in row:
-                cells += ["–"] * (4 if i else 3)
+                cells.append("–")
                 continue
             w = row[v]["methods"]["weight"]
-            cells += [f"{w['loss_barrier']:.4f}", str(w["iterations"]),
-                      f"{w['align_seconds']:.1f}"]
-            if i:
-                ratio = w["loss_barrier"] / first
-                cells.append(f"{ratio:.3f}" + (" (above)" if ratio > LIMIT else ""))
+            base = "before, data-free" if "data-free" in v else "before"
+            note = str(w["iterations"])
+            if v != base and base in row:
+                ratio = w["loss_barrier"] / row[base]["methods"]["weight"]["loss_barrier"]
+                note += f"; {ratio:.3f}" + (", above" if ratio > LIMIT else "")
+            cells.append(f"{w['loss_barrier']:.4f} ({note})")
             r = row[v]["run"]
             runs.add((r["commit"], r["dirty"], r["machine"]))
         title = next(iter(row.values()))["title"]
         lines.append(f"| `{key}`: {title} | " + " | ".join(cells) + " |")
-    lines += ["", "Runs: " + "; ".join(f"commit {c}{' with changes' if d else ''}, {m}"
-                                       for c, d, m in sorted(runs)) + "."]
+    lines += ["", "Cells: the test-loss barrier (iterations; its ratio to the same start's "
+              "before). Runs: " + "; ".join(f"commit {c}{' with changes' if d else ''}, {m}"
+                                              for c, d, m in sorted(runs)) + "."]
     return "\n".join(lines)
 
 
@@ -92,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", nargs="*", default=None, choices=[q.key for q in suite()])
     p.add_argument("--part", choices=("val", "test"), default="test")
+    p.add_argument("--screen", action="store_true", help="the validation screen's variants")
     p.add_argument("--variant", nargs=2, action="append", metavar=("NAME", "JSON"),
                    help="weight matching's options of a variant, as AlignOptions JSON "
                    "(repeated; default: before and after, VARIANTS)")
@@ -113,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         variants = ({n: json.loads(j) for n, j in args.variant} if args.variant
-                    else VARIANTS)
+                    else SCREEN if args.screen else VARIANTS)
         run(args.pairs, args.part, variants, Path(args.cache), out)
     if out == OUT or args.merge:
         for part in ("val", "test"):
