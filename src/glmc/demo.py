@@ -142,12 +142,38 @@ class Measured:
     study: dict[str, IterationStudy] | None
     moves: dict | None
 
+    def joined(self, other: Measured, order: tuple[str, ...]) -> Measured:
+        """Both parts of a pair measured in two jobs, its methods in ``order``."""
+        r, o = self.report, other.report
+        methods = {**r.methods, **o.methods}
+        report = dataclasses.replace(
+            r, methods={m: methods[m] for m in order if m in methods},
+            seconds=r.seconds + o.seconds,
+            warnings=list(dict.fromkeys(r.warnings + o.warnings)))
+        return Measured(report, self.study or other.study, self.moves or other.moves)
+
+
+#: Where a pair is measured in two jobs (``parallel`` > 1), the second takes these methods
+#: and the iteration study: the slowest pair's work is then shared by the workers (learned
+#: matching and its permutation-only ablation are each over a third of a pair's time).
+SECOND_JOB = ("learned-perm",)
+
+
+def measure_jobs(methods: tuple[str, ...], parallel: int) -> list[tuple[tuple[str, ...], bool]]:
+    """A pair's measurement as jobs: (methods, with the iteration study)."""
+    second = tuple(m for m in methods if m in SECOND_JOB)
+    first = tuple(m for m in methods if m not in SECOND_JOB)
+    if parallel <= 1 or not second or not first:
+        return [(methods, True)]
+    return [(first, False), (second, True)]
+
 
 def _measure_pair(pair: DemoPair, a: str, b: str, methods: tuple[str, ...], points: int,
                   learned: LearnedMatchingOptions, max_batches: int | None,
-                  events: Any = None) -> Measured:
-    """Every method's barrier on one pair, and the two findings; ``events``: a queue that
-    receives (pair title, method, stage, done, total) as the work goes on."""
+                  events: Any = None, study: bool = True) -> Measured:
+    """Every method's barrier on one pair, and the two findings (the iteration study unless
+    ``study`` is False); ``events``: a queue that receives (pair title, method, stage, done,
+    total) as the work goes on."""
     import torch
 
     torch.set_num_threads(1)
@@ -159,15 +185,17 @@ def _measure_pair(pair: DemoPair, a: str, b: str, methods: tuple[str, ...], poin
     rep = run_barrier(a, b, pair.train.data, methods=methods, points=points,
                       options=AlignOptions(learned=learned), label=pair.title,
                       max_batches=max_batches, progress=progress)
-    progress("iterations", "align", 0, 1)
-    study = study_iterations(Path(a), Path(b), pair.train.data, max_batches)
+    found = None
+    if study:
+        progress("iterations", "align", 0, 1)
+        found = study_iterations(Path(a), Path(b), pair.train.data, max_batches)
     moves = None
     result = rep.methods.get("learned")
     if result is not None and result.alignment is not None:
         moves = learned_moves(result.alignment.learned, result.alignment.a.spec.roles)
     for m in rep.methods.values():  # (the models stay in the worker)
         m.alignment = None
-    return Measured(rep, study, moves)
+    return Measured(rep, found, moves)
 
 
 def train_models(jobs: list[tuple[TrainConfig, Path]], parallel: int,
@@ -263,14 +291,18 @@ def _run_pipeline(experiments: list[DemoPair], cache: Path, methods: tuple[str, 
         pending = {pool.submit(_train_one, cfg, str(f)): ("train", f) for cfg, f in todo}
         started: set[str] = set()
 
+        parts: dict[str, list[Measured]] = {}
+        jobs = measure_jobs(methods, parallel)
+
         def start_ready() -> None:
             for p in experiments:
                 if p.key not in started and all(f in done for f in folders[p.key]):
                     started.add(p.key)
                     note(f"{p.title}: aligning and measuring {', '.join(methods)}")
-                    fut = pool.submit(_measure_pair, p, *map(str, folders[p.key]), methods,
-                                      points, learned, max_batches, events)
-                    pending[fut] = ("measure", p.key)
+                    for part, study in jobs:
+                        fut = pool.submit(_measure_pair, p, *map(str, folders[p.key]), part,
+                                          points, learned, max_batches, events, study)
+                        pending[fut] = ("measure", p.key)
 
         start_ready()
         while pending:
@@ -286,8 +318,13 @@ def _run_pipeline(experiments: list[DemoPair], cache: Path, methods: tuple[str, 
                         t_train = time.perf_counter() - t0
                     start_ready()
                 else:
-                    results[what] = value
-                    note(f"{value.report.label}: measured")
+                    parts.setdefault(what, []).append(value)
+                    if len(parts[what]) == len(jobs):
+                        first, *rest = parts[what]
+                        for other in rest:
+                            first = first.joined(other, methods)
+                        results[what] = first
+                        note(f"{value.report.label}: measured")
     manager.shutdown()
     return results, t_train
 
