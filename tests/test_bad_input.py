@@ -280,6 +280,14 @@ def nothing(env: Env) -> None:
     pass
 
 
+def cuda_devices(count: int) -> Build:
+    """A machine with ``count`` CUDA devices (0: no CUDA), as torch reports it."""
+    def build(env: Env) -> None:
+        env.monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+        env.monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    return build
+
+
 # -- the table -------------------------------------------------------------------------------
 
 
@@ -479,6 +487,26 @@ CASES: dict[str, Case] = {
         "n_head 3 does not divide n_embd 16"),
     "unknown-device": Case(nothing, "barrier {a} {b} --data {text} --device tpu9",
                            "unknown device 'tpu9'"),
+    "unknown-align-device": Case(cuda_devices(0), "align {a} {b} -o {out} --device tpu9",
+                                 "unknown device 'tpu9' (cpu, cuda, cuda:N or auto; this "
+                                 "machine has cpu)"),
+    "cuda-without-cuda": Case(cuda_devices(0), "align {a} {b} -o {out} --device cuda",
+                              "device 'cuda' requested but CUDA is not available (this "
+                              "machine has cpu)"),
+    "learned-on-cuda-without-cuda": Case(
+        cuda_devices(0), "align {a} {b} -o {out} --data {text} " + " ".join(LEARNED)
+        + " --device cuda", "device 'cuda' requested but CUDA is not available"),
+    "cuda-index-past-the-gpus": Case(cuda_devices(1), "merge {a} {b} -o {out} --device cuda:3",
+                                     "device 'cuda:3' requested but this machine has 1 CUDA "
+                                     "device (cpu, cuda:0)"),
+    "three-models-on-cuda-without-cuda": Case(
+        cuda_devices(0), "merge {a} {b} {b} -o {out} --device cuda",
+        "device 'cuda' requested but CUDA is not available"),
+    "barrier-cuda-index": Case(cuda_devices(2), "barrier {a} {b} --data {text} --device cuda:2",
+                               "device 'cuda:2' requested but this machine has 2 CUDA devices "
+                               "(cpu, cuda:0, cuda:1)"),
+    "device-glmc-does-not-compute-on": Case(nothing, "merge {a} {b} -o {out} --device meta",
+                                            "device 'meta': glmc computes on cpu or cuda"),
     "zero-verify-batch": Case(nothing, "verify {a} {b} --batch 0",
                               "--batch must be at least 1, got 0"),
     "negative-verify-tol": Case(nothing, "verify {a} {b} --tol -1",

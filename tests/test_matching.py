@@ -584,7 +584,8 @@ def test_solo_cross_by_rows_equals_the_column_chunks():
     spec = SimpleNamespace(occurrences=lambda s: [("tok", 1, "out")],
                            spaces={"res": SimpleNamespace(size=24)})
     prob = SimpleNamespace(spec=spec, A=WeightedState({"tok": ta}, ["tok"], weigh, set()),
-                           B=WeightedState({"tok": tb}, ["tok"], weigh, set()))
+                           B=WeightedState({"tok": tb}, ["tok"], weigh, set()),
+                           device=torch.device("cpu"))
     want = torch.zeros(24, 24, dtype=F64)
     a, b = (ta * scale).T, (tb * scale).T
     for j in range(0, a.shape[1], 2048):

@@ -103,10 +103,10 @@ def align(model_a: ModelLike, model_b: ModelLike, *, method: str = "weight",
     """Align B to A modulo the symmetries of their spec with the registered ``method``.
 
     ``options`` (:class:`glmc.methods.AlignOptions`) and keyword ``overrides`` of its fields
-    (``residual``, ``heads``, ``max_iter``, ``data``, ``learned``, ...) say how. Methods that
-    read data (``activation``, ``learned``) take ``data`` (a dataset name or path, as
-    ``--data`` takes, or a glmc.data dataset; text is encoded with the models' tokenizer or
-    ``tokenizer``); an image dataset is split as the models were trained (their
+    (``residual``, ``heads``, ``max_iter``, ``data``, ``learned``, ``device``, ...) say how.
+    Methods that read data (``activation``, ``learned``) take ``data`` (a dataset name or
+    path, as ``--data`` takes, or a glmc.data dataset; text is encoded with the models'
+    tokenizer or ``tokenizer``); an image dataset is split as the models were trained (their
     ``glmc_train.json``; ``data_seed`` only for models without one, see
     :func:`glmc.evaluate.split_seed`).
 
@@ -114,6 +114,7 @@ def align(model_a: ModelLike, model_b: ModelLike, *, method: str = "weight",
 
         al = glmc.align("runs/a", "runs/b", residual="permutation", max_iter=50)
         al = glmc.align("runs/a", "runs/b", method="learned", data="shakespeare")
+        al = glmc.align("runs/a", "runs/b", device="cuda")  # the transform back on the CPU
     """
     m = get_method(method)
     if not m.transform:

@@ -451,7 +451,9 @@ def run_barrier(
         context: text window length (default: the model's n_positions).
         batch_size, max_batches: bound the work (see :func:`glmc.evaluate.fixed_batches`:
             by default images use the whole split, text its first 65,536 tokens).
-        device: where to evaluate (``"auto"``: CUDA when available).
+        device: where to evaluate (``"auto"``: CUDA when available), and to align unless
+            ``options.device`` names a device of its own (weight and learned matching: see
+            :class:`glmc.methods.AlignOptions`).
         tokenizer: overrides the models' tokenizer for text.
         seed: seed of learned matching (data order and λ draws; unless ``options``).
         data_seed: split seed of an image dataset, for models without a training record
@@ -465,19 +467,21 @@ def run_barrier(
         evaluation, so bad input fails fast with one GlmcError.
     """
     t0 = time.perf_counter()
+    dev = resolve_device(device)  # (before any work)
     methods = list(dict.fromkeys(methods))
     lambdas = lambda_grid(points)
     options = options or AlignOptions(seed=seed)
     prep = _prepare(a, b, data, methods, split, context, tokenizer, data_seed)
     check_correction(prep.a, options.correction, _describe(a))
     options = replace(options, stock=options.stock or prep.stock,
-                      data=options.data if isinstance(options.data, Dataset) else prep.dataset)
+                      data=options.data if isinstance(options.data, Dataset) else prep.dataset,
+                      device=dev if options.device is None else options.device)
     if options.heads == "circuit":
         prep.a, prep.b = (m.family.circuit_form(m) for m in (prep.a, prep.b))
     bs = batch_size or default_batch_size(prep.a.config, prep.context)
     batches = fixed_batches(prep.dataset, split, batch_size=bs, context=prep.context,
                             max_batches=max_batches)
-    evaluator = Evaluator(prep.a.config, batches, device=resolve_device(device))
+    evaluator = Evaluator(prep.a.config, batches, device=dev)
     results = {name: _measure(get_method(name), prep, evaluator, options, lambdas, progress)
                for name in methods}
     warnings = _endpoint_warnings(results) + _evaluation_warnings(lambdas, evaluator.count,

@@ -51,6 +51,7 @@ from glmc.data.batches import fixed_batches
 from glmc.data.gpt2_bpe import END_OF_TEXT_ID
 from glmc.data.splits import check_split
 from glmc.defaults import DEFAULT_TEXT_TOKENS
+from glmc.devices import resolve_device
 from glmc.errors import GlmcError, Note, reason
 from glmc.families.registry import family_of
 from glmc.io.folders import canonical
@@ -81,19 +82,6 @@ class EvalResult:
     count: int
     batch_losses: tuple[float, ...] = ()
     batch_counts: tuple[int, ...] = ()
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``"auto"``/None: CUDA when available, else CPU; otherwise ``torch.device(device)``."""
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise GlmcError(f"unknown device {device!r} ({e})") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise GlmcError(f"device {device!r} requested but CUDA is not available")
-    return dev
 
 
 # -- data ---------------------------------------------------------------------------------

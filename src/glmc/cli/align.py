@@ -21,10 +21,12 @@ from glmc.cli.main import add_command
 from glmc.cli.options import (
     STOPS,
     add_alignment_options,
+    add_device,
     add_learned_options,
     add_tokenizer,
     alignment_options,
     check_at_least,
+    check_device,
     learned_options,
 )
 from glmc.methods import aligning_methods
@@ -167,7 +169,7 @@ def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel,
 
     with alignment_progress(args) as callbacks:
         options = alignment_options(args, getattr(a.canonical.config, "vocab_size", None),
-                                    hand_over=hand_over, **callbacks)
+                                    hand_over=hand_over, device=args.device, **callbacks)
         return align(a, b, method=method, options=options)
 
 
@@ -256,6 +258,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-stock", action="store_true",
                    help="always write a glmc folder, even when the stock class could hold it")
     add_alignment_options(p)
+    add_device(p)
     add_learned_options(p)
     add_json(p)
     add_allow_pickle(p)
@@ -278,6 +281,7 @@ def _run(args: argparse.Namespace) -> int:
     from glmc.io.moved import Moved
 
     t0 = time.perf_counter()
+    check_device(args)
     phases: dict = {}  # (seconds and peak memory of each phase, in the report)
     hand_over = hands_over(args)
     stamp = folder_stamp(args.b) if hand_over else ()

@@ -12,6 +12,7 @@ from glmc.cli.main import add_command
 from glmc.cli.options import (
     add_alignment_options,
     add_correction,
+    add_device,
     add_learned_options,
     add_tokenizer,
     alignment_options,
@@ -89,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-batches", type=int, default=None,
                    help="evaluate at most this many batches, 0 for the whole split (default: "
                    f"whole split for images, the first {DEFAULT_TEXT_TOKENS:,} tokens for text)")
-    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, or auto")
+    add_device(g, "auto", "two models are evaluated and aligned")
     add_tokenizer(g)
     add_alignment_options(p, residual=False)
     add_correction(p)

@@ -25,10 +25,12 @@ from glmc.cli.options import (
     STOPS,
     add_alignment_options,
     add_correction,
+    add_device,
     add_learned_options,
     add_tokenizer,
     alignment_options,
     check_at_least,
+    check_device,
     check_many_method,
 )
 from glmc.errors import GlmcError
@@ -80,6 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-stock", action="store_true",
                    help="always write a glmc folder, even when the stock class could hold it")
     add_alignment_options(p)
+    add_device(p)
     add_learned_options(p, many=True)
     add_json(p)
     add_allow_pickle(p)
@@ -119,8 +122,10 @@ def run(args: argparse.Namespace) -> int:
     from glmc.distributed import process_group
 
     if len(args.models) > 2:
+        check_device(args)
         return _run_many(args)
     with process_group():
+        check_device(args)
         return _run(args)
 
 
@@ -135,7 +140,7 @@ def _run_many(args: argparse.Namespace) -> int:
             m.stock_state = None  # (merged in canonical form)
     with alignment_progress(args, many=True) as callbacks:
         options = alignment_options(args, getattr(models[0].canonical.config, "vocab_size",
-                                                  None), **callbacks)
+                                                  None), device=args.device, **callbacks)
         out = merge_many(models, weights=args.weight_list, frame=args.frame,
                          method=args.align, max_rounds=args.rounds, options=options)
     report = out.save(args.out, force=args.force, stock=not args.no_stock,
@@ -179,7 +184,7 @@ def _run(args: argparse.Namespace) -> int:
         b.stock_state = None  # (the merge needs both in canonical form only)
     with alignment_progress(args) as callbacks:
         options = alignment_options(args, getattr(a.canonical.config, "vocab_size", None),
-                                    **callbacks)
+                                    device=args.device, **callbacks)
         out = merge_pair(a, b, alpha=args.alpha, method=args.align, options=options)
     if not is_main():
         return 0

@@ -60,6 +60,31 @@ def add_alignment_options(p: argparse.ArgumentParser, residual: bool = True) -> 
                    "0; text ignores it)")
 
 
+#: What --device moves to a GPU and what stays on the CPU (align, merge and barrier).
+DEVICE_HELP = ("weight and learned matching run there: the products of the weights, the "
+               "units' costs, the residual map's Procrustes and learned matching's steps; the "
+               "assignments (scipy/lapx) stay on the CPU, and the results (the transform, B "
+               "aligned or merged) come back to it, equal to the CPU's within rounding "
+               "(docs/usage.md); activation matching and the universe frame's own steps stay "
+               "on the CPU")
+
+
+def add_device(p: argparse.ArgumentParser | argparse._ArgumentGroup, default: str = "cpu",
+               what: str = "to compute") -> None:
+    """--device: where the matching computes (``what``: what else runs there)."""
+    p.add_argument("--device", default=default,
+                   help=f"where {what}: cpu, cuda, cuda:N or auto (CUDA when available); "
+                   + DEVICE_HELP)
+
+
+def check_device(args: argparse.Namespace) -> None:
+    """--device names a device this machine has (under torchrun: the CPU), checked before
+    any model is read."""
+    from glmc.devices import matching_device
+
+    matching_device(args.device)
+
+
 def add_correction(p: argparse.ArgumentParser) -> None:
     """--correction: what happens to the merged model's statistics (merge and barrier)."""
     p.add_argument("--correction", choices=CORRECTIONS, default="none",

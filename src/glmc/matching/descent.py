@@ -136,7 +136,8 @@ class Descent:
     def start(cls, prob: Problem, dtype: torch.dtype) -> Descent:
         """Every element the identity, but the residual map at its start; the tensors only
         the stream touches are folded into one constant (and their copies released)."""
-        el: dict[str, Element] = {s: g.identity(dtype) for s, g in prob.spec.spaces.items()}
+        el: dict[str, Element] = {s: g.identity(dtype).to(device=prob.device)
+                                  for s, g in prob.spec.spaces.items()}
         solo = Solo.of(prob, prob.stream) if prob.stream is not None else None
         if solo is not None:
             el[prob.stream] = residual_start(prob, solo, dtype)
@@ -156,7 +157,8 @@ class Descent:
         return sum(self.terms.values())
 
     def transform(self) -> Transform:
-        return Transform(dict(self.el))
+        """π as it stands, on the host (the elements in the models' dtype)."""
+        return Transform(dict(self.el)).to("cpu")
 
     def role(self, unit: str) -> str:
         """The kind of unit the trace counts it under (the spec's role: "mlp", "heads")."""

@@ -207,7 +207,7 @@ def _permutation(group: Any, st: PairStats, balance: Any) -> tuple[torch.Tensor,
     s = st.cx + st.cy
     n, _, k, _ = s.shape
     f = group.fixed
-    eye = torch.eye(k, dtype=s.dtype)
+    eye = torch.eye(k, dtype=s.dtype, device=s.device)
     maps = eye.expand(n, n, k, k).clone()
     if k > f:
         for i in range(n):
@@ -224,7 +224,7 @@ def _rotary(group: Any, st: PairStats, balance: Any) -> tuple[torch.Tensor, torc
     n, _, k, _ = st.cx.shape
     rot = group.rotary
     h = rot // 2
-    maps = torch.zeros(n, n, k, k, dtype=st.cx.dtype)
+    maps = st.cx.new_zeros(n, n, k, k)
     maps_it = torch.zeros_like(maps)
     i = torch.arange(h)
 
@@ -387,13 +387,13 @@ def _order(prob: Any, hu: HeadUnit, sides: dict[str, tuple]) -> torch.Tensor | N
     if hu.grouped is None or hu.r == 1:
         return None
     n, r = hu.n, hu.r
-    cost = torch.zeros(n, n, r, r, dtype=torch.float64)
+    cost = torch.zeros(n, n, r, r, dtype=torch.float64, device=prob.device)
     for sx, sy, gx, gy in sides.values():
         if gx:
             cost += torch.einsum("ijrskl,ijkl->ijrs", sx, sy[:, :, 0, 0])
         elif gy:
             cost += torch.einsum("ijkl,ijrskl->ijrs", sx[:, :, 0, 0], sy)
-    order = torch.empty(n, n, r, dtype=torch.long)
+    order = torch.empty(n, n, r, dtype=torch.long)  # (on the host, as the assignments)
     for i in range(n):
         for j in range(n):
             order[i, j] = assignment(cost[i, j])
@@ -405,7 +405,8 @@ def _chosen(cross: torch.Tensor, grouped: bool, order: torch.Tensor | None) -> t
     if not grouped or order is None:
         return cross[:, :, 0, 0]
     n, _, r = order.shape
-    picked = cross.gather(3, order.view(n, n, r, 1, 1, 1).expand(-1, -1, -1, 1, *cross.shape[4:]))
+    index = order.to(cross.device).view(n, n, r, 1, 1, 1)
+    picked = cross.gather(3, index.expand(-1, -1, -1, 1, *cross.shape[4:]))
     return picked[:, :, :, 0].sum(2)
 
 
@@ -431,7 +432,8 @@ def head_costs(prob: Any, hu: HeadUnit, bt: StateDict) -> HeadCosts:
         gxa, gya = prob.memo(f"grams:{bd.space}", lambda xa=xa, ya=ya: (_gram(xa), _gram(ya)))
         grams[bd.space] = (gxa, gya, _gram(xb), _gram(yb))
     order = _order(prob, hu, sides)
-    maps, stats, total = {}, {}, torch.zeros(hu.n, hu.n, dtype=torch.float64)
+    maps, stats = {}, {}
+    total = torch.zeros(hu.n, hu.n, dtype=torch.float64, device=prob.device)
     for bd in hu.bundles:
         sx, sy, gx, gy = sides[bd.space]
         gxa, gya, gxb, gyb = grams[bd.space]
@@ -474,7 +476,7 @@ def propose_heads(prob: Any, unit: str, el: dict[str, Element], bt: StateDict) -
                                   st.gya[inv], st.gxb, st.gyb)
                 current = el.get(name)
                 if isinstance(current, BlockMatrix):  # (start from whichever is lower)
-                    now = current.blocks.double()
+                    now = current.blocks.to(chosen.device).double()
                     better = pair_terms(now, pairs) < pair_terms(chosen, pairs)
                     chosen = torch.where(better[:, None, None], now, chosen)
                 chosen = refine(group, chosen, pairs)

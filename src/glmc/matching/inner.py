@@ -27,10 +27,10 @@ def realign_inner(a: CanonicalModel, b: CanonicalModel, transform: Transform,
                   units: list[str] | None = None,
                   opts: WeightMatchingOptions | None = None) -> Transform:
     """The heads' inner maps aligned afresh for ``transform``'s head assignments and residual
-    map; every other element is kept."""
+    map (on ``opts.device``; returned on the host); every other element is kept."""
     prob = Problem(a, b, opts or WeightMatchingOptions(), only=head_tensors(a.spec))
     el = dict(transform.elements)
     for unit in units if units is not None else list(prob.head_units):
         if unit in prob.head_units:  # (circuit form: heads without inner bases)
             el.update(inner_maps(prob, unit, el))
-    return Transform(el)
+    return Transform(el).to("cpu")

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from glmc import distributed
+from glmc.devices import matching_device
 from glmc.errors import GlmcError, reason
 from glmc.matching.inner import inner_maps
 from glmc.matching.options import (
@@ -92,10 +93,11 @@ def _key(space: str) -> str:
 
 class Latents(torch.nn.Module):
     """One latent per space (or a fixed element where nothing trains), and the hard
-    elements they give. Head assignments that change are followed by fresh inner maps."""
+    elements they give. Head assignments that change are followed by fresh inner maps. The
+    latents live on ``device`` (the permutations' hard assignments on the host)."""
 
     def __init__(self, a: CanonicalModel, b: CanonicalModel, init: Transform, residual: str,
-                 inner: str, fix_ones: bool) -> None:
+                 inner: str, fix_ones: bool, device: torch.device | None = None) -> None:
         super().__init__()
         spec = a.spec
         self.spec = spec
@@ -117,12 +119,13 @@ class Latents(torch.nn.Module):
         self.space_of = {_key(s): s for s in lat}
         # Heads whose inner maps were aligned for their current assignment.
         # (only the heads' tensors: reassigned heads get their inner maps from them)
-        self.problem = Problem(a, b, WeightMatchingOptions(inner=inner),
+        self.problem = Problem(a, b, WeightMatchingOptions(inner=inner, device=device or "cpu"),
                                only=head_tensors(spec))
         self.aligned_for = {u: init.elements[u].perm.clone() for u in self.problem.head_units
                             if u in init.elements}
         if not any(True for _ in self.parameters()):
             raise GlmcError("nothing to learn: the spec has no permutation or residual space")
+        self.to(device)
 
     def __getitem__(self, space: str) -> torch.nn.Module:
         return self.latents[_key(space)]
@@ -161,7 +164,8 @@ class Latents(torch.nn.Module):
         return reset
 
     def transform(self) -> Transform:
-        return Transform(self.hard())
+        """The hard elements, on the host."""
+        return Transform(self.hard()).to("cpu")
 
     def snapshot(self) -> dict:
         """Everything the latents are, to restore exactly (the best so far, checkpoints)."""
@@ -233,22 +237,25 @@ def task_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 class PathModel:
     """θ(w) = Σ_i w_i·π_i(θ_i) over N models (π_1 the identity, or from ``first``; π_i from
     ``latents[i − 2]``) evaluated with one module. A pair takes a float λ:
-    θ(λ) = λ·θ_A + (1 − λ)·π(θ_B)."""
+    θ(λ) = λ·θ_A + (1 − λ)·π(θ_B). The models, the module and each batch are on ``device``
+    (None: where they are)."""
 
     def __init__(self, a: CanonicalModel, b: CanonicalModel | Sequence[CanonicalModel],
                  latents: Latents | Sequence[Latents],
-                 dtype: torch.dtype = torch.float32, first: Latents | None = None) -> None:
+                 dtype: torch.dtype = torch.float32, first: Latents | None = None,
+                 device: torch.device | None = None) -> None:
         others = [b] if isinstance(b, CanonicalModel) else list(b)
         self.members = [latents] if isinstance(latents, Latents) else list(latents)
         if len(self.members) != len(others):
             raise ValueError(f"{len(others)} models after the first, {len(self.members)} "
                              "latents")
-        self.spec = a.spec
-        self.states = [{k: v.to(dtype) for k, v in m.state.items()} for m in (a, *others)]
+        self.spec, self.device = a.spec, device
+        self.states = [{k: v.to(device, dtype) for k, v in m.state.items()}
+                       for m in (a, *others)]
         #: (a narrower model's free entries take the first model's values at every step)
-        self.free = [m.free for m in others]
+        self.free = [{k: f.to(device) for k, f in m.free.items()} for m in others]
         self.first = first
-        self.module = a.module(dtype)
+        self.module = a.module(dtype).to(device)
         for p in self.module.parameters():
             p.requires_grad_(False)
 
@@ -275,6 +282,7 @@ class PathModel:
     def loss(self, lam: float | Sequence[float], x: torch.Tensor,
              y: torch.Tensor) -> torch.Tensor:
         state = self.state(lam)
+        x, y = x.to(self.device), y.to(self.device)
         return task_loss(functional_call(self.module, state, (_cast(x, state),)), y)
 
     @torch.no_grad()
@@ -433,7 +441,7 @@ def _read_checkpoint(ckpt: Path | None, opts: LearnedMatchingOptions, setup: dic
     st = None
     if distributed.rank() == 0 and opts.resume and ckpt is not None and ckpt.is_file():
         try:
-            st = torch.load(ckpt, weights_only=True)
+            st = torch.load(ckpt, weights_only=True, map_location="cpu")  # (any device's)
             if not isinstance(st, dict):
                 raise ValueError("not a learned-matching checkpoint")
         except Exception as e:  # noqa: BLE001 - every rank must hear of it, not wait
@@ -479,10 +487,10 @@ def learned_matching(
     """
     opts = opts or LearnedMatchingOptions()
     inner = inner or default_inner(opts.residual)
-    _check(opts)
-    init, starts = _best_start(a, b, data, init, opts)
-    latents = Latents(a, b, init, opts.residual, inner, fix_ones)
-    path = PathModel(a, b, latents, getattr(torch, opts.dtype))
+    device = _check(opts)
+    init, starts = _best_start(a, b, data, init, opts, device)
+    latents = Latents(a, b, init, opts.residual, inner, fix_ones, device)
+    path = PathModel(a, b, latents, getattr(torch, opts.dtype), device=device)
     lam = opts.lam_for(narrower=bool(b.free))
     result = _fit(a, path, latents, LearnedResult(transform=init, lam=lam, starts=starts),
                   data, opts,
@@ -494,10 +502,11 @@ def learned_matching(
 
 
 def _best_start(a: CanonicalModel, b: CanonicalModel, data,
-                init: Transform | dict[str, Transform], opts: LearnedMatchingOptions
-                ) -> tuple[Transform, dict[str, float]]:
+                init: Transform | dict[str, Transform], opts: LearnedMatchingOptions,
+                device: torch.device | None = None) -> tuple[Transform, dict[str, float]]:
     """The candidate of ``init`` with the lowest validation loss at ``opts.eval_lambdas``
-    (on the validation batches the run reads), and every candidate's loss (none for one)."""
+    (on the validation batches the run reads, on ``device``), and every candidate's loss
+    (none for one)."""
     if isinstance(init, Transform):
         return init, {}
     if len(init) == 1:
@@ -506,7 +515,7 @@ def _best_start(a: CanonicalModel, b: CanonicalModel, data,
     losses = {}
     with torch.no_grad(), deterministic():
         for name, t in init.items():
-            path = PathModel(a, b, [_Fixed(t)], getattr(torch, opts.dtype))
+            path = PathModel(a, b, [_Fixed(t)], getattr(torch, opts.dtype), device=device)
             val = path.losses(batches, opts.eval_lambdas)
             losses[name] = sum(val) / len(val)
     best = min(losses, key=losses.get)  # (the first of equals)
@@ -612,7 +621,7 @@ def learned_many(
     (``opts.eval_lambdas`` is the pair's and is not read)."""
     opts = opts or LearnedMatchingOptions()
     inner = inner or default_inner(opts.residual)
-    _check(opts)
+    device = _check(opts)
     n = len(models)
     if n < 2 or len(init) != n:
         raise GlmcError(f"learned refinement needs 2 or more models and one transform each, "
@@ -630,11 +639,11 @@ def learned_many(
         groups = effective_groups(models[0].spec, "orthogonal" if opts.residual == "none"
                                   else opts.residual, inner, all(fix))
         home = Transform({s: g.identity() for s, g in groups.items()})
-        first = Latents(models[0], models[0], home, opts.residual, inner, all(fix))
-    latents = LatentSet([Latents(models[0], m, t, opts.residual, inner, f)
+        first = Latents(models[0], models[0], home, opts.residual, inner, all(fix), device)
+    latents = LatentSet([Latents(models[0], m, t, opts.residual, inner, f, device)
                          for m, t, f in zip(models[1:], init[1:], fix, strict=True)], first)
     path = PathModel(models[0], models[1:], list(latents.members), getattr(torch, opts.dtype),
-                     first=first)
+                     first=first, device=device)
     points = simplex_points(n)
     vertices = tuple(tuple(float(k == i) for k in range(n)) for i in range(n))
     lam = opts.lam_for(narrower=narrower)
@@ -676,13 +685,15 @@ def _fit(a: CanonicalModel, path: PathModel, latents: Latents | LatentSet,
     return run.result
 
 
-def _check(opts: LearnedMatchingOptions) -> None:
-    """What the options cannot check alone: the batch splits over the processes."""
+def _check(opts: LearnedMatchingOptions) -> torch.device:
+    """What the options cannot check alone: the batch splits over the processes, and the
+    device is there (returned)."""
     world = distributed.world_size()
     if opts.batch_size % world:
         raise GlmcError(f"batch size {opts.batch_size} does not split over {world} processes")
     if opts.dtype not in ("float32", "float64"):
         raise GlmcError(f"dtype must be float32 or float64, got {opts.dtype!r}")
+    return matching_device(opts.device)
 
 
 def _validation_batches(data, opts: LearnedMatchingOptions, context: int | None) -> list:
@@ -820,6 +831,7 @@ def _comparable(opts: LearnedMatchingOptions) -> dict:
     for k in ("checkpoint", "checkpoint_every", "resume", "dirichlet_alpha", "edge_fraction",
               "edge_focus", "free_frame"):
         d.pop(k)  # (N models' runs keep these in their setup; a pair never reads them)
+    d.pop("device")  # (a run resumes on any device)
     d.pop("time_budget")  # (a run stopped by its time budget resumes under any other)
     d["eval_lambdas"] = list(d["eval_lambdas"])
     return d

@@ -82,6 +82,10 @@ class WeightMatchingOptions:
     #: at half the memory: :mod:`glmc.matching.held`); both state dicts are to be emptied
     #: afterwards (see ``Problem``).
     hand_over: bool = False
+    #: Where the products run (the weighted copies, the units' costs, the residual map's
+    #: Procrustes): "cpu", "cuda", "cuda:N" or "auto" (see :mod:`glmc.devices`); the
+    #: assignments run on the CPU whatever it is, and the result comes back to it.
+    device: Any = "cpu"
 
     def __post_init__(self) -> None:
         for value, choices, what in ((self.residual, RESIDUALS, "residual mode"),
@@ -174,6 +178,10 @@ class LearnedMatchingOptions:
     residual: str = "orthogonal"  # "orthogonal" | "permutation" | "none"
     seed: int = 0
     dtype: str = "float32"  # of the models on the path ("float64": for exact comparisons)
+    #: Where the steps run (the path's models, the latents, the batches): "cpu", "cuda",
+    #: "cuda:N" or "auto" (see :mod:`glmc.devices`); the permutations' assignments run on
+    #: the CPU whatever it is, and the result comes back to it. A run resumes on any device.
+    device: Any = "cpu"
     checkpoint: str | None = None  # file for the latents, written atomically
     checkpoint_every: int = 50  # (with a checkpoint file: every this many steps, and at the end)
     resume: bool = False

@@ -89,7 +89,8 @@ class PermutationLatent(Latent):
 
     def project(self) -> None:
         """Hungarian on the latent (warm-started: skipped when the current one is optimal);
-        within each group when there are several."""
+        within each group when there are several. (On the host: ``perm`` lives there from
+        here on, wherever the latent does.)"""
         if self.groups == 1:
             self.perm = assignment(self.z.detach(), self.perm)
             return
@@ -101,8 +102,8 @@ class PermutationLatent(Latent):
     def matrix(self) -> torch.Tensor:
         """Straight-through matrix (n, n): value P_hard, gradient to Z."""
         n = self.z.shape[0]
-        hard = torch.zeros(n, n, dtype=self.z.dtype)
-        hard[torch.arange(n), self.perm] = 1.0
+        hard = torch.zeros_like(self.z)
+        hard[torch.arange(n, device=hard.device), self.perm.to(hard.device)] = 1.0
         z = self.z * self.mask
         return hard + z - z.detach()
 
@@ -113,7 +114,7 @@ class PermutationLatent(Latent):
             self.perm = init.perm.clone()
 
     def element(self) -> Element:
-        return Permutation(self.perm.clone())
+        return Permutation(self.perm.clone())  # (on the host)
 
 
 class OrthogonalLatent(Latent):
@@ -140,7 +141,7 @@ class OrthogonalLatent(Latent):
 
 def cayley(a: torch.Tensor) -> torch.Tensor:
     """(I + A)⁻¹(I − A) for skew A (..., n, n): orthogonal, the identity at A = 0."""
-    eye = torch.eye(a.shape[-1], dtype=a.dtype).expand_as(a)
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand_as(a)
     return torch.linalg.solve(eye + a, eye - a)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from glmc.devices import matching_device
 from glmc.errors import GlmcError
 from glmc.matching import workspace
 from glmc.matching.heads import HeadUnit, Proposal, balancing, head_unit, propose_heads
@@ -154,7 +155,9 @@ class WeightedState(Mapping[str, torch.Tensor]):
     bfloat16 or float16 holds exactly (:func:`packed`: a half-precision checkpoint's tensors
     that the canonical rewrite leaves as stored) is kept so instead, at half the memory, and
     weighed when read: the same numbers (``state`` then holds a placeholder of its shape
-    and dtype on the meta device).
+    and dtype on the meta device). Kept copies, packed or not, live on the device the
+    weighing puts its tensors on (``weigh.device``: B's, made when read, are moved there as
+    they are).
 
     ``half``: the dtype the pair is held in (:func:`glmc.matching.held.held_dtype`): every
     tensor is read rounded to it, in float32 at least, and every kept one kept in it."""
@@ -173,7 +176,8 @@ class WeightedState(Mapping[str, torch.Tensor]):
             t = state[n]
             small = (packed(t) if half is None or t.is_meta else t.to(half)) if consume else None
             if small is not None:
-                self._packed[n] = (small, torch.promote_types(t.dtype, torch.float32))
+                self._packed[n] = (_placed(weigh, small),
+                                   torch.promote_types(t.dtype, torch.float32))
                 state[n] = torch.empty_like(t, device="meta")
             else:
                 self._held[n] = weigh(n, rounded(t, half), None)
@@ -245,26 +249,34 @@ def packed(t: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
+def _placed(weigh: Callable, t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the device ``weigh`` puts its tensors on (none named: where it is)."""
+    device = getattr(weigh, "device", None)
+    return t if device is None else t.to(device)
+
+
 @dataclass(frozen=True)
 class Weighing:
-    """A tensor as the distance weighs it: masked rows zeroed, times √w_t. (A value of its
-    own, not a method of the problem: the weighted states hold it, and a method would tie
-    them and the problem into a cycle that keeps every tensor until the garbage collector
-    runs, a model's worth per finished matching.)"""
+    """A tensor as the distance weighs it, on ``device``: masked rows zeroed, times √w_t. (A
+    value of its own, not a method of the problem: the weighted states hold it, and a method
+    would tie them and the problem into a cycle that keeps every tensor until the garbage
+    collector runs, a model's worth per finished matching.)"""
 
     w: Mapping[str, float]
     row_masks: Mapping[str, tuple[int, torch.Tensor]]
+    device: torch.device | None = None  # (None: where each tensor is)
 
     def __call__(self, name: str, t: torch.Tensor, rows: slice | None) -> torch.Tensor:
-        """``t`` weighed; ``rows``: the rows of tensor ``name`` that ``t`` holds (None:
-        all)."""
+        """``t`` weighed, on the device; ``rows``: the rows of tensor ``name`` that ``t``
+        holds (None: all)."""
+        t = _placed(self, t)  # (a no-op on the host)
         if name in self.row_masks:
             axis, mask = self.row_masks[name]
             if rows is not None and axis == 0:
                 mask = mask[rows]
             shape = [1] * t.dim()
             shape[axis] = -1
-            t = t * mask.reshape(shape).to(t.dtype)
+            t = t * mask.reshape(shape).to(t.device, t.dtype)
         scale = self.w[name] ** 0.5
         return t * scale if scale != 1.0 else t
 
@@ -288,6 +300,8 @@ class Problem:
         them in. Every tensor can still be read (weighed when read)."""
         spec = a.spec.weights_only()  # (statistics move with their units, unweighed)
         self.spec, self.opts = spec, opts
+        #: Where the weighted copies and the products live (``opts.device``)
+        self.device = matching_device(opts.device)
         self.w = tensor_weights(spec, a.state, opts.weighting, opts.row_masks,
                                 opts.bias_weight, opts.role_weights)
         names = [n for n in spec.axes if only is None or n in only]
@@ -336,7 +350,7 @@ class Problem:
         # stream touches (folded into one constant at the start); B's only at the start.
         solo = {n for n in names if stream is not None and spec.spaces_of(n) == {stream}}
         hand_over = opts.hand_over  # (A's tensors replaced by their kept copies)
-        weigh = Weighing(self.w, opts.row_masks)
+        weigh = Weighing(self.w, opts.row_masks, self.device)
         self.A = WeightedState(a.state, names, weigh, keep - solo, consume=hand_over,
                                half=self.half)
         self.B = WeightedState(b.state, names, weigh, set(), half=self.half)  # (freed in apply)
@@ -491,7 +505,8 @@ def cross(prob: Problem, space: str, el: dict[str, Element], bt: StateDict,
         return None  # type: ignore[return-value]
     shape = (pairs[0][0].shape[0], pairs[0][1].shape[0])
     dtype = torch.promote_types(pairs[0][0].dtype, pairs[0][1].dtype)
-    return cross_sum(pairs, scales, out=workspace.buffer("cross", shape, dtype))
+    return cross_sum(pairs, scales, out=workspace.buffer("cross", shape, dtype,
+                                                         pairs[0][0].device))
 
 
 def angle_cost(c: torch.Tensor, na: torch.Tensor, nb: torch.Tensor,
@@ -499,7 +514,7 @@ def angle_cost(c: torch.Tensor, na: torch.Tensor, nb: torch.Tensor,
     """−‖â_i − b̂_j‖ = −√(2 − 2 cos) (n, m) in float64 for cos = c / (na_i·nb_j), c (n, m)
     and the norms (n,), (m,). Written block by block of rows into the calling worker's
     buffer (each block's arithmetic stays in cache, and no n × m temporary is made)."""
-    out = workspace.buffer("cost", tuple(c.shape), torch.float64)
+    out = workspace.buffer("cost", tuple(c.shape), torch.float64, c.device)
     rows = max(1, block // max(1, c.shape[1]))
     for i in range(0, c.shape[0], rows):
         o = out[i:i + rows]

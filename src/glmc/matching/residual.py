@@ -66,10 +66,11 @@ def spectral_init(prob: Problem, space: str, solo: torch.Tensor,
     default :func:`grams`); the eigenvector signs come from ``solo`` = Σ A·Bᵀ over the
     tensors that only the residual space touches."""
     ga, gb = summed if summed is not None else grams(prob, space)
-    d = prob.spec.spaces[space].size
+    d, device = prob.spec.spaces[space].size, prob.device
     if ga is None:
-        return Matrix(torch.eye(d), True)
-    q = (ones_complement_basis(d) if prob.opts.fix_ones else torch.eye(d, dtype=torch.float64))
+        return Matrix(torch.eye(d, device=device), True)
+    q = (ones_complement_basis(d) if prob.opts.fix_ones
+         else torch.eye(d, dtype=torch.float64)).to(device)
     ga, gb = q.T @ ga.double() @ q, q.T @ gb.double() @ q
     _, ua = torch.linalg.eigh(ga)
     _, ub = torch.linalg.eigh(gb)
@@ -77,7 +78,7 @@ def spectral_init(prob: Problem, space: str, solo: torch.Tensor,
     signs[signs == 0] = 1  # (no residual-only tensors: the Gram eigenbases as they come)
     t = q @ (ua * signs) @ ub.T @ q.T
     if prob.opts.fix_ones:
-        t = t + torch.full((d, d), 1.0 / d, dtype=torch.float64)
+        t = t + torch.full((d, d), 1.0 / d, dtype=torch.float64, device=device)
     if not isinstance(prob.stream_group(), OrthogonalGroup):  # (its nearest element)
         return prob.solve_stream(t)
     return Matrix(t.to(prob.dtype), True)
@@ -91,12 +92,12 @@ def residual_start(prob: Problem, solo: Solo, dtype: torch.dtype,
     ("activation": ``opts.stream_start``), or the identity. ``grams``: the spectral start's
     Gram sums, made elsewhere (across the ranks)."""
     if prob.opts.init == "activation":
-        return prob.opts.stream_start.to(dtype)
+        return prob.opts.stream_start.to(dtype, prob.device)
     if prob.opts.init == "spectral":
         return spectral_init(prob, prob.stream, solo.const, grams)
     if prob.opts.init == "embeddings":
         return prob.solve_stream(solo.const)
-    return prob.stream_group().identity(dtype)
+    return prob.stream_group().identity(dtype).to(device=prob.device)
 
 
 class ResidualCache:
@@ -163,7 +164,7 @@ class ResidualCache:
     def _cross(self, n: str, bt: torch.Tensor) -> torch.Tensor:
         ax = self.axis[n]
         c = axis_first(self.prob.A[n], ax) @ axis_first(bt, ax).T
-        return (c.double() @ self.at[n].matrix(torch.float64)).to(self.kept)
+        return (c.double() @ self.at[n].matrix(torch.float64, c.device)).to(self.kept)
 
     def permuted(self, moved: StateDict, space: str, old: Element,
                  new: Element) -> dict[str, torch.Tensor]:
@@ -183,11 +184,11 @@ class ResidualCache:
             if len(axes) != 1 or changed is None or 2 * changed.numel() > old.size:
                 out[n] = self._cross(n, bt)
                 continue
-            ax, u = self.axis[n], axes[0]
-            a = self.prob.A[n].index_select(u, changed)
-            db = bt.index_select(u, changed) - self.bt_all[n].index_select(u, changed)
+            ax, u, idx = self.axis[n], axes[0], changed.to(bt.device)  # (a host order's)
+            a = self.prob.A[n].index_select(u, idx)
+            db = bt.index_select(u, idx) - self.bt_all[n].index_select(u, idx)
             # (|U|·d² in float64, not d³: T multiplies the thin factor)
-            tm = self.at[n].matrix(torch.float64)
+            tm = self.at[n].matrix(torch.float64, bt.device)
             out[n] = (self.cross[n] + axis_first(a, ax).double() @ (
                 axis_first(db, ax).T.double() @ tm)).to(self.kept)
         return out
@@ -197,7 +198,7 @@ class ResidualCache:
         m = sum(self.cross.values(), const.clone())
         if self.direct:  # (quadratic terms are linearised at T)
             c = residual_cross(self.prob, self.space, self.bt_all, self.direct)
-            m = m + c @ el[self.space].matrix(torch.float64)
+            m = m + c @ el[self.space].matrix(torch.float64, c.device)
         return self.prob.solve_stream(m, el[self.space])
 
     def terms(self, t: Element, el: dict[str, Element]) -> tuple[dict[str, float], StateDict]:
@@ -210,7 +211,7 @@ class ResidualCache:
                 (n, apply_axes(self.bt_all[n], self.prob.spec.axes[n], {self.space: step}))
                 for n in self.fresh)
         out = self.prob.terms(moved)
-        tm = t.matrix(torch.float64)
+        tm = t.matrix(torch.float64, self.prob.device)
         for n, c in self.cross.items():
             out[n] = self.prob.sq_a[n] + self.prob.sq_b[n] - 2 * float((tm * c).sum())
         return out, moved
@@ -228,7 +229,7 @@ def solo_cross(prob: Problem, space: str, names: list[str]) -> torch.Tensor:
     (near double precision at the speed of the models' dtype: a 50k-row embedding table
     enters once, and its rounding would otherwise limit the residual map's accuracy)."""
     d = prob.spec.spaces[space].size
-    m = torch.zeros(d, d, dtype=torch.float64)
+    m = torch.zeros(d, d, dtype=torch.float64, device=prob.device)
     for n, axis, _ in prob.spec.occurrences(space):
         if n not in names:
             continue
@@ -262,4 +263,5 @@ class Solo:
 
     def term(self, t: Element) -> float:
         """Their distance term under the residual map ``t``."""
-        return self.sq - 2 * float((t.matrix(torch.float64) * self.const).sum())
+        return self.sq - 2 * float((t.matrix(torch.float64, self.const.device)
+                                    * self.const).sum())

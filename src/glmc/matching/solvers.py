@@ -47,11 +47,12 @@ def assignment(m: torch.Tensor, current: torch.Tensor | None = None) -> torch.Te
     When ``current`` already takes the maximum of every row it is optimal (the sum of row
     maxima bounds every assignment), and the O(n³) solve is skipped.
     """
-    m = m.detach().cpu()
+    m = m.detach().cpu()  # (from the device the cost was made on)
     if m.dtype not in (torch.float32, torch.float64):
         m = m.double()
     rowmax = None
     if current is not None:
+        current = current.cpu()
         rowmax = m.amax(1)
         picked = m[torch.arange(m.shape[0]), current]
         if bool((picked >= rowmax).all()):
@@ -150,7 +151,7 @@ def balancing_from_grams(gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
     gx, gy = gx.double(), gy.double()
     k = gx.shape[-1]
     tr = (gx.diagonal(dim1=-2, dim2=-1).sum(-1) + gy.diagonal(dim1=-2, dim2=-1).sum(-1))
-    eye = torch.eye(k, dtype=gx.dtype)
+    eye = torch.eye(k, dtype=gx.dtype, device=gx.device)
     ridge = (1e-12 * tr / k + 1e-300)[..., None, None] * eye
     gx_h, gx_ih = _sym_sqrt_pair(gx + ridge)
     p = gx_ih @ _sym_sqrt_pair(gx_h @ (gy + ridge) @ gx_h)[0] @ gx_ih

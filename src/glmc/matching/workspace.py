@@ -6,6 +6,7 @@ filling them costs as much as the arithmetic on them (page faults: about 45 ms p
 a worker thread that reuses its own buffers pays that once. Only threads that call
 :func:`enable` (weight matching's unit workers, :mod:`glmc.matching.executors`) keep buffers,
 until they end or call :func:`disable`; anywhere else :func:`buffer` is a fresh ``torch.empty``.
+A buffer lives on the device it is asked for (the host by default).
 """
 
 from __future__ import annotations
@@ -42,16 +43,19 @@ def release() -> None:
         buffers.clear()
 
 
-def buffer(key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised tensor of ``shape`` and ``dtype``: the calling thread's buffer
-    ``key`` when it keeps buffers (valid until it asks for ``key`` again), else a new one."""
+def buffer(key: str, shape: tuple[int, ...], dtype: torch.dtype,
+           device: torch.device | None = None) -> torch.Tensor:
+    """An uninitialised tensor of ``shape`` and ``dtype`` on ``device`` (None: the host):
+    the calling thread's buffer ``key`` when it keeps buffers (valid until it asks for
+    ``key`` again), else a new one."""
     buffers = getattr(_local, "buffers", None)
     if buffers is None:
-        return torch.empty(shape, dtype=dtype)
+        return torch.empty(shape, dtype=dtype, device=device)
     t = buffers.get(key)
-    if t is None or t.shape != shape or t.dtype != dtype:
+    if (t is None or t.shape != shape or t.dtype != dtype
+            or t.device != (device or torch.device("cpu"))):
         buffers.pop(key, None)  # (the old one is freed before the new one is made)
-        t = buffers[key] = torch.empty(shape, dtype=dtype)
+        t = buffers[key] = torch.empty(shape, dtype=dtype, device=device)
     return t
 
 

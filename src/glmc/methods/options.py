@@ -11,6 +11,7 @@ import torch
 
 from glmc.data import Dataset, Tokenizer
 from glmc.defaults import CORRECTIONS
+from glmc.devices import resolve_device
 from glmc.errors import GlmcError
 from glmc.matching.options import (
     INITS,
@@ -59,6 +60,13 @@ class AlignOptions:
             matched in bfloat16: :mod:`glmc.matching.held`), and both models are left
             empty, with no ``aligned`` model (apply ``transform`` to B read again; see
             :class:`glmc.io.moved.Moved`). Other methods ignore it.
+        device: where weight and learned matching compute: ``"cpu"``, ``"cuda"``,
+            ``"cuda:N"`` or ``"auto"`` (see :mod:`glmc.devices`: the products, the residual
+            map's Procrustes and learned matching's steps run there, the assignments on the
+            CPU; the transform and B aligned come back to the CPU, equal to the CPU's within
+            rounding); over ``learned``'s own. None: the CPU, or for
+            :func:`glmc.barrier.run_barrier` its evaluation device. Activation matching and
+            the universe frame's own steps run on the CPU.
     """
 
     residual: str = "orthogonal"
@@ -84,6 +92,7 @@ class AlignOptions:
     dtype: torch.dtype = torch.float32
     correction: str = "none"
     hand_over: bool = False
+    device: str | torch.device | None = None
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("heads mode", self.heads, HEADS),
@@ -92,6 +101,8 @@ class AlignOptions:
                                      ("init", self.init, ("auto", *INITS))):
             if value not in allowed:
                 raise GlmcError(f"unknown {name} {value!r} ({' or '.join(allowed)})")
+        if self.device is not None:  # (a device this machine lacks: refused before any work)
+            resolve_device(self.device)
 
     def weight_matching(self, row_masks: dict | None = None, hand_over: bool = False,
                         stream_start: Any = None) -> WeightMatchingOptions:
@@ -106,7 +117,7 @@ class AlignOptions:
             role_weights=dict(self.role_weights),
             unit_cost=self.unit_cost, inner=self.inner, init=init,
             stream_start=stream_start if init == "activation" else None,
-            row_masks=row_masks or {}, hand_over=hand_over)
+            row_masks=row_masks or {}, hand_over=hand_over, device=self.device or "cpu")
 
     def starts_from_data(self) -> bool:
         """Whether weight matching's residual map starts from activation matching's (see
@@ -119,6 +130,8 @@ class AlignOptions:
 
     def learned_matching(self) -> LearnedMatchingOptions:
         opts = replace(self.learned or LearnedMatchingOptions(), residual=self.residual)
+        if self.device is not None:
+            opts = replace(opts, device=self.device)
         return opts if self.seed is None else replace(opts, seed=self.seed)
 
     def updated(self, **overrides: Any) -> AlignOptions:

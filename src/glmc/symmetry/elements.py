@@ -46,8 +46,10 @@ class Element:
     size: int
     kind: str
 
-    def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        """Dense (size, size) matrix T (on an axis of its natural size)."""
+    def matrix(self, dtype: torch.dtype = torch.float64,
+               device: torch.device | None = None) -> torch.Tensor:
+        """Dense (size, size) matrix T (on an axis of its natural size), on ``device``
+        (None: where the element is)."""
         raise NotImplementedError
 
     def apply(self, x: torch.Tensor, axis: int, variance: Variance) -> torch.Tensor:
@@ -58,7 +60,8 @@ class Element:
 
     def compose(self, other: Element) -> Element:
         """``self ∘ other``: apply ``other`` first, then ``self`` (T = T_self · T_other)."""
-        m = self.matrix(torch.float64) @ other.matrix(torch.float64)
+        t = self.matrix(torch.float64)
+        m = t @ other.matrix(torch.float64, t.device)
         orth = getattr(self, "orthogonal", True) and getattr(other, "orthogonal", True)
         return Matrix(m, orthogonal=orth)
 
@@ -71,17 +74,26 @@ class Element:
         """The tensors that define the element (for saving)."""
         raise NotImplementedError
 
-    def to(self, dtype: torch.dtype) -> Element:
+    def to(self, dtype: torch.dtype | None = None,
+           device: torch.device | str | None = None) -> Element:
+        """The element in ``dtype`` (its dense tensors) and on ``device`` (None: as it
+        is)."""
         return self
 
 
 @dataclass(frozen=True, eq=False)
 class Permutation(Element):
-    """Chunk ``i`` of the result is chunk ``perm[i]`` of the input; ``perm`` (n,)."""
+    """Chunk ``i`` of the result is chunk ``perm[i]`` of the input; ``perm`` (n,).
+
+    ``perm`` lives on the host, wherever the tensors it acts on do (assignments are solved
+    there; it moves to a tensor's device to act on it): :meth:`to` leaves it there."""
 
     perm: torch.Tensor
     kind = "permutation"
     orthogonal = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "perm", self.perm.cpu())  # (a no-op on the host)
 
     @property
     def size(self) -> int:  # type: ignore[override]
@@ -96,11 +108,12 @@ class Permutation(Element):
         offs = torch.arange(c, device=self.perm.device)
         return (self.perm[:, None] * c + offs[None, :]).reshape(-1)
 
-    def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    def matrix(self, dtype: torch.dtype = torch.float64,
+               device: torch.device | None = None) -> torch.Tensor:
         n = self.size
         m = torch.zeros(n, n, dtype=dtype)
         m[torch.arange(n), self.perm] = 1.0
-        return m
+        return m.to(device)  # (made on the host, as the order)
 
     def apply(self, x: torch.Tensor, axis: int, variance: Variance) -> torch.Tensor:
         return x.index_select(axis, self.index(x.shape[axis]).to(x.device))
@@ -148,8 +161,9 @@ class Matrix(Element):
     def size(self) -> int:  # type: ignore[override]
         return self.m.shape[0]
 
-    def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        return self.m.to(dtype)
+    def matrix(self, dtype: torch.dtype = torch.float64,
+               device: torch.device | None = None) -> torch.Tensor:
+        return self.m.to(device=device, dtype=dtype)
 
     def _acting(self, variance: Variance) -> torch.Tensor:
         if variance == "out" or self.orthogonal:
@@ -157,7 +171,7 @@ class Matrix(Element):
         return torch.linalg.inv(self.m.double()).T.to(self.m.dtype)
 
     def apply(self, x: torch.Tensor, axis: int, variance: Variance) -> torch.Tensor:
-        t = self._acting(variance).to(x.dtype)
+        t = self._acting(variance).to(x.device, x.dtype)
         c = _chunks(x.shape[axis], self.size, "a matrix")
         if c == 1 and axis == x.dim() - 1:  # x·Tᵀ keeps x's row-major layout
             return x @ t.T
@@ -178,8 +192,9 @@ class Matrix(Element):
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"matrix": self.m}
 
-    def to(self, dtype: torch.dtype) -> Matrix:
-        return Matrix(self.m.to(dtype), self.orthogonal)
+    def to(self, dtype: torch.dtype | None = None,
+           device: torch.device | str | None = None) -> Matrix:
+        return Matrix(self.m.to(device=device, dtype=dtype), self.orthogonal)
 
 
 @dataclass(frozen=True, eq=False)
@@ -204,8 +219,9 @@ class BlockMatrix(Element):
     def size(self) -> int:  # type: ignore[override]
         return self.n * self.k
 
-    def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        return torch.block_diag(*self.blocks.to(dtype))
+    def matrix(self, dtype: torch.dtype = torch.float64,
+               device: torch.device | None = None) -> torch.Tensor:
+        return torch.block_diag(*self.blocks.to(device=device, dtype=dtype))
 
     def _acting(self, variance: Variance) -> torch.Tensor:
         if variance == "out" or self.orthogonal:
@@ -217,7 +233,7 @@ class BlockMatrix(Element):
         return torch.linalg.inv(self.blocks.double()).mT.to(self.blocks.dtype)
 
     def apply(self, x: torch.Tensor, axis: int, variance: Variance) -> torch.Tensor:
-        t = self._acting(variance).to(x.dtype)
+        t = self._acting(variance).to(x.device, x.dtype)
         r = _chunks(x.shape[axis], self.size, "a block matrix")
         xf = x.movedim(axis, 0)
         rest = xf.shape[1:]
@@ -257,8 +273,9 @@ class BlockMatrix(Element):
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"blocks": self.blocks}
 
-    def to(self, dtype: torch.dtype) -> BlockMatrix:
-        return BlockMatrix(self.blocks.to(dtype), self.orthogonal)
+    def to(self, dtype: torch.dtype | None = None,
+           device: torch.device | str | None = None) -> BlockMatrix:
+        return BlockMatrix(self.blocks.to(device=device, dtype=dtype), self.orthogonal)
 
 
 def element_from_tensors(kind: str, tensors: dict[str, torch.Tensor], meta: dict) -> Element:

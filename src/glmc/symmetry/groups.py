@@ -375,7 +375,7 @@ def complex_blocks(re: torch.Tensor, im: torch.Tensor) -> torch.Tensor:
     """The (2h, 2h) map that multiplies x_i + i·x_{i+h} by re_i + i·im_i (h = len(re)): the
     rotate-half layout's complex scalars, one per frequency pair."""
     h = re.numel()
-    out = torch.zeros(2 * h, 2 * h, dtype=re.dtype)
+    out = re.new_zeros(2 * h, 2 * h)
     i = torch.arange(h)
     out[i, i], out[i + h, i + h] = re, re
     out[i, i + h], out[i + h, i] = -im, im

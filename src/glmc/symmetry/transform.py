@@ -103,6 +103,12 @@ class Transform:
                 generator, dtype)
         return cls(elements)
 
+    def to(self, device: torch.device | str) -> Transform:
+        """Every element on ``device`` (its permutations stay on the host, see
+        :class:`~glmc.symmetry.elements.Permutation`), in its own dtype."""
+        return Transform({k: e.to(device=device) for k, e in self.elements.items()},
+                         self.source)
+
     # -- algebra --------------------------------------------------------------------------
     # Where spaces share an axis (a head's inner map, then the order of heads) the group is a
     # semidirect product: on an axis carrying E_1 ... E_k (inner first) the map is
