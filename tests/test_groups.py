@@ -495,3 +495,26 @@ def test_spec_validate_and_occurrences():
     with pytest.raises(ValueError, match="lacks"):
         spec.validate({"fc.weight": (6, 4)})
     assert spec.to_json()["axes"]["fc.weight"] == [[["mlp", "out"]], [["res", "in"]]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 6), k=st.integers(1, 16), seed=st.integers(0, 10_000),
+       singular=st.integers(0, 2))
+def test_polar_of_a_batch_is_the_svds_orthogonal_factor(n, k, seed, singular):
+    """polar_batch (eigh of MᵀM, the SVD where M is ill-conditioned) maximises ⟨T, M⟩ over
+    the orthogonal maps as the SVD's factor does: orthogonal, the same value, and the same
+    map where M is well conditioned (float64, 1e-9)."""
+    from glmc.matching.solvers import polar, polar_batch
+
+    g = torch.Generator().manual_seed(seed)
+    m = torch.randn(n, k, k, generator=g, dtype=torch.float64)
+    for i in range(min(singular, n)):  # (rank-deficient members: the SVD takes them)
+        m[i, :, 0] = 0.0
+    got, want = polar_batch(m), polar(m)
+    eye = torch.eye(k, dtype=torch.float64).expand(n, k, k)
+    torch.testing.assert_close(got.mT @ got, eye, atol=1e-9, rtol=0)
+    torch.testing.assert_close((got * m).sum((1, 2)), (want * m).sum((1, 2)), atol=1e-9,
+                               rtol=1e-9)
+    s = torch.linalg.svdvals(m)
+    well = s[:, -1] > 1e-3 * s[:, 0]
+    torch.testing.assert_close(got[well], want[well], atol=1e-9, rtol=0)

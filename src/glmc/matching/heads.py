@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from glmc.errors import GlmcError
-from glmc.matching.solvers import assignment, balancing_from_grams, polar
+from glmc.matching.solvers import assignment, balancing_from_grams, polar_batch
 from glmc.symmetry.groups import (
     BlockInvertibleGroup,
     BlockMatrix,
@@ -188,13 +188,13 @@ def _invertible(group: Any, st: PairStats, balance: Any) -> tuple[torch.Tensor, 
     an orthogonal map): M = N_a⁻¹ R N_b."""
     na, nb = balance if balance is not None else balancing(st)
     na_i, nb_i = torch.linalg.inv(na), torch.linalg.inv(nb)
-    r = polar(na[:, None] @ st.cx @ nb[None] + na_i[:, None] @ st.cy @ nb_i[None])
+    r = polar_batch(na[:, None] @ st.cx @ nb[None] + na_i[:, None] @ st.cy @ nb_i[None])
     return na_i[:, None] @ r @ nb[None], na[:, None] @ r @ nb_i[None]  # (N symmetric)
 
 
 def _orthogonal(group: Any, st: PairStats, balance: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """O(k): Procrustes (M⁻ᵀ = M)."""
-    maps = polar(st.cx + st.cy)
+    maps = polar_batch(st.cx + st.cy)
     return maps, maps
 
 

@@ -108,6 +108,25 @@ def polar(m: torch.Tensor) -> torch.Tensor:
     return (u @ vh).to(m.dtype)
 
 
+#: Below this ratio of the smallest to the largest eigenvalue of MᵀM (cond(M) above 10³),
+#: :func:`polar_batch` takes the SVD: the eigenvalues' route loses cond(M)² of precision.
+POLAR_EIGH_RATIO = 1e-6
+
+
+def polar_batch(m: torch.Tensor) -> torch.Tensor:
+    """:func:`polar` of a batch of small maps (..., k, k), as M·(MᵀM)^(-1/2): a symmetric
+    eigendecomposition is about twice as fast as an SVD at k = 64 (the heads' step solves one
+    per pair of heads); an ill-conditioned M is taken by the SVD."""
+    md = m.double()
+    w, v = torch.linalg.eigh(md.mT @ md)
+    ok = w[..., 0] > POLAR_EIGH_RATIO * w[..., -1]
+    out = md @ (v * w.clamp_min(torch.finfo(w.dtype).tiny).rsqrt()[..., None, :]) @ v.mT
+    if not bool(ok.all()):
+        bad = ~ok
+        out[bad] = polar(md[bad])
+    return out.to(m.dtype)
+
+
 def procrustes(m: torch.Tensor, fix_ones: bool) -> torch.Tensor:
     """Orthogonal Procrustes; with ``fix_ones`` the map also fixes the all-ones direction.
 
