@@ -81,3 +81,27 @@ def test_provenance_names_the_checkout_commit():
     else:
         assert run["commit"] == head.stdout.strip()
         assert isinstance(run["dirty"], bool)
+
+
+def test_the_demos_own_learned_budgets():
+    """The full group at the demo's budget; the permutation-only ablation and the MLP pair
+    (already at no barrier by weight matching) at their smaller ones, the same whether a
+    pair's methods run in one job or two."""
+    from glmc.demo import (
+        ABLATION_STEPS,
+        DEMO_LEARNED_STEPS,
+        MLP_LEARNED_STEPS,
+        learned_options,
+        measure_jobs,
+        pair_learned,
+        pairs,
+    )
+
+    gpt, _, mlp = pairs(quick=False)
+    base = learned_options(quick=False, steps=None)
+    assert pair_learned(base, gpt, ("learned",)).steps == DEMO_LEARNED_STEPS
+    assert pair_learned(base, gpt, ("learned-perm",)).steps == ABLATION_STEPS
+    assert pair_learned(base, mlp, ("learned",)).steps == MLP_LEARNED_STEPS
+    assert pair_learned(base, mlp, ("learned-perm",)).steps == MLP_LEARNED_STEPS
+    jobs = measure_jobs(("none", "weight", "learned", "learned-perm"))
+    assert jobs == [(("none", "weight", "learned"), False), (("learned-perm",), True)]

@@ -72,6 +72,8 @@ class DemoPair:
     key: str
     title: str
     train: TrainConfig  # the seed is set per model
+    #: Learned matching's steps on this pair (None: :data:`DEMO_LEARNED_STEPS`)
+    learned_steps: int | None = None
 
 
 @dataclass
@@ -107,7 +109,7 @@ def pairs(quick: bool) -> list[DemoPair]:
                       threads=1, **({"base": 32} if quick else {}))
     return [DemoPair("shakespeare", "GPT-2 / Tiny Shakespeare", gpt),
             DemoPair("mnist", "ViT / MNIST (5k)", vit),
-            DemoPair("mlp", "MLP / MNIST (5k)", mlp)]
+            DemoPair("mlp", "MLP / MNIST (5k)", mlp, learned_steps=MLP_LEARNED_STEPS)]
 
 
 def _digest(cfg: TrainConfig) -> str:
@@ -159,24 +161,28 @@ class Measured:
 SECOND_JOB = ("learned-perm",)
 
 
-def measure_jobs(methods: tuple[str, ...], parallel: int) -> list[tuple[tuple[str, ...], bool]]:
-    """A pair's measurement as jobs: (methods, with the iteration study)."""
+def measure_jobs(methods: tuple[str, ...]) -> list[tuple[tuple[str, ...], bool]]:
+    """A pair's measurement as jobs: (methods, with the iteration study). (Two jobs in one
+    process too: the same budgets, so the same figures, whatever ``parallel``.)"""
     second = tuple(m for m in methods if m in SECOND_JOB)
     first = tuple(m for m in methods if m not in SECOND_JOB)
-    if parallel <= 1 or not second or not first:
+    if not second or not first:
         return [(methods, True)]
     return [(first, False), (second, True)]
 
 
 def _measure_pair(pair: DemoPair, a: str, b: str, methods: tuple[str, ...], points: int,
                   learned: LearnedMatchingOptions, max_batches: int | None,
-                  events: Any = None, study: bool = True) -> Measured:
+                  events: Any = None, study: bool = True, budgets: bool = False) -> Measured:
     """Every method's barrier on one pair, and the two findings (the iteration study unless
     ``study`` is False); ``events``: a queue that receives (pair title, method, stage, done,
-    total) as the work goes on."""
+    total) as the work goes on; ``budgets``: the demo's own learned-matching budgets
+    (:func:`pair_learned`) instead of ``learned``'s steps everywhere."""
     import torch
 
     torch.set_num_threads(1)
+    if budgets:
+        learned = pair_learned(learned, pair, methods)
 
     def progress(method: str, stage: str, done: int, total: int) -> None:
         if events is not None:
@@ -227,6 +233,21 @@ def train_models(jobs: list[tuple[TrainConfig, Path]], parallel: int,
 #: Learned matching's steps in the demo (a cap): fewer than the library's, so that the demo
 #: fits its time on 2 cores; ``benchmarks/demo_budget.py`` measures what that costs.
 DEMO_LEARNED_STEPS = 500
+#: ... on the MLP pair, which weight matching already brings to no barrier at all, and for
+#: the permutation-only ablation (it shows what the group lacks, not how low it can go): the
+#: demo's own budgets, so that it fits 6 minutes on 2 cores (benchmarks/README.md).
+MLP_LEARNED_STEPS = 100
+ABLATION_STEPS = 250
+
+
+def pair_learned(learned: LearnedMatchingOptions, pair: DemoPair,
+                 methods: tuple[str, ...]) -> LearnedMatchingOptions:
+    """The demo's learned-matching budget for ``methods`` of ``pair`` (from its default
+    budget ``learned``: :data:`MLP_LEARNED_STEPS`, :data:`ABLATION_STEPS`)."""
+    steps = pair.learned_steps or learned.steps
+    if methods and all(m in SECOND_JOB for m in methods):
+        steps = min(steps, ABLATION_STEPS)
+    return dataclasses.replace(learned, steps=steps)
 
 
 def learned_options(quick: bool, steps: int | None) -> LearnedMatchingOptions:
@@ -256,10 +277,12 @@ def study_iterations(a: Path, b: Path, data: str, max_batches: int | None
 def _run_pipeline(experiments: list[DemoPair], cache: Path, methods: tuple[str, ...],
                   points: int, learned: LearnedMatchingOptions, max_batches: int | None,
                   parallel: int, note: Callable[[str], None],
-                  progress: Callable | None) -> tuple[dict[str, Measured], float]:
+                  progress: Callable | None, budgets: bool = False
+                  ) -> tuple[dict[str, Measured], float]:
     """Train what the cache lacks and measure every pair, ``parallel`` processes at a time
     (one thread each): a pair is measured as soon as both its models exist, while the others
-    train. Returns the measurements and the seconds until the last model was trained."""
+    train. Returns the measurements and the seconds until the last model was trained.
+    ``budgets``: see :func:`_measure_pair`."""
     t0 = time.perf_counter()
     folders = {p.key: (model_folder(cache, p, 0), model_folder(cache, p, 1))
                for p in experiments}
@@ -271,8 +294,12 @@ def _run_pipeline(experiments: list[DemoPair], cache: Path, methods: tuple[str, 
         t_train = time.perf_counter() - t0
         for p in experiments:
             note(f"{p.title}: aligning and measuring {', '.join(methods)}")
-            results[p.key] = _measure_pair(p, *map(str, folders[p.key]), methods, points,
-                                           learned, max_batches, _Events(progress))
+            first, *rest = [_measure_pair(p, *map(str, folders[p.key]), part, points, learned,
+                                          max_batches, _Events(progress), study, budgets)
+                            for part, study in measure_jobs(methods)]
+            for other in rest:
+                first = first.joined(other, methods)
+            results[p.key] = first
         return results, t_train
     todo = [(c, f) for c, f in jobs if not (f / "glmc_train.json").is_file()]
     for _, f in jobs:
@@ -292,16 +319,17 @@ def _run_pipeline(experiments: list[DemoPair], cache: Path, methods: tuple[str, 
         started: set[str] = set()
 
         parts: dict[str, list[Measured]] = {}
-        jobs = measure_jobs(methods, parallel)
+        parts_of = measure_jobs(methods)
 
         def start_ready() -> None:
             for p in experiments:
                 if p.key not in started and all(f in done for f in folders[p.key]):
                     started.add(p.key)
                     note(f"{p.title}: aligning and measuring {', '.join(methods)}")
-                    for part, study in jobs:
+                    for part, study in parts_of:
                         fut = pool.submit(_measure_pair, p, *map(str, folders[p.key]), part,
-                                          points, learned, max_batches, events, study)
+                                          points, learned, max_batches, events, study,
+                                          budgets)
                         pending[fut] = ("measure", p.key)
 
         start_ready()
@@ -319,7 +347,7 @@ def _run_pipeline(experiments: list[DemoPair], cache: Path, methods: tuple[str, 
                     start_ready()
                 else:
                     parts.setdefault(what, []).append(value)
-                    if len(parts[what]) == len(jobs):
+                    if len(parts[what]) == len(parts_of):
                         first, *rest = parts[what]
                         for other in rest:
                             first = first.joined(other, methods)
@@ -376,7 +404,8 @@ def run_demo(
     demo = DemoResult(experiments, {}, {})
     measured, t_train = _run_pipeline(experiments, cache, methods, points, options.learned,
                                       4 if quick else None,
-                                      parallel or min(2, os.cpu_count() or 1), note, progress)
+                                      parallel or min(2, os.cpu_count() or 1), note, progress,
+                                      budgets=not quick and learned_steps is None)
     for p in experiments:
         m = measured[p.key]
         demo.reports[p.key] = m.report
@@ -403,6 +432,11 @@ def run_demo(
         # (the λ of the demo's pairs, of equal widths, where the option leaves it to the pair)
         "learned_matching": dataclasses.asdict(options.learned)
         | {"lam": options.learned.lam_for(narrower=False)},
+        "learned_steps": {p.key: {m: (pair_learned(options.learned, p, (m,)).steps
+                                      if not quick and learned_steps is None
+                                      else options.learned.steps)
+                                  for m in methods if m.startswith("learned")}
+                          for p in experiments},
         "barriers": {k: r.to_json() for k, r in demo.reports.items()},
         "wm_iterations": {k: {g: s.to_json() for g, s in v.items()}
                           for k, v in demo.iterations.items()},
