@@ -103,5 +103,6 @@ def test_the_demos_own_learned_budgets():
     assert pair_learned(base, gpt, ("learned-perm",)).steps == ABLATION_STEPS
     assert pair_learned(base, mlp, ("learned",)).steps == MLP_LEARNED_STEPS
     assert pair_learned(base, mlp, ("learned-perm",)).steps == MLP_LEARNED_STEPS
-    jobs = measure_jobs(("none", "weight", "learned", "learned-perm"))
-    assert jobs == [(("none", "weight", "learned"), False), (("learned-perm",), True)]
+    jobs = measure_jobs(("none", "weight", "weight-perm", "learned", "learned-perm"))
+    assert jobs == [(("none", "weight", "learned"), False),
+                    (("weight-perm", "learned-perm"), True)]
