@@ -153,9 +153,9 @@ def test_endpoints_are_the_models_evaluated_separately(lm_pair, monkeypatch):
 
     monkeypatch.setattr(canonical_module.CanonicalTransformer, "__init__", counting_init)
     # (data-free weight matching: given data, its start runs both models for activation
-    # matching, which builds modules of its own)
+    # matching and its iterates are validated, which build modules of their own)
     report = run_barrier(a, b, text, methods=("none", "weight"), points=4,
-                         options=AlignOptions(init="embeddings"))
+                         options=AlignOptions(init="embeddings", select="last"))
     assert len(built) == 1  # one module for every method and every λ: weights are swapped
     monkeypatch.undo()
     loss_a, loss_b = evaluate(a, text).loss, evaluate(b, text).loss

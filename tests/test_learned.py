@@ -645,3 +645,24 @@ def test_a_run_stopped_by_its_time_budget_resumes_without_it(planted, data, tmp_
     assert cut.stop_reason == "time_budget" and 1 <= cut.steps <= 3
     rest = learned_matching(a, b, data, wm, LearnedMatchingOptions(**base, resume=True))
     assert (rest.stop_reason, rest.steps) == ("max_steps", 6)
+
+
+def test_weight_matching_with_data_keeps_an_exact_iterate_of_a_planted_pair(planted, data):
+    """With data, ``weight`` validates its iterates (learned matching's validation batches)
+    and keeps the lowest: on a planted pair every iterate is exact, and so is the one kept."""
+    import glmc
+
+    a, b, _ = planted
+    al = glmc.align(a, b, method="weight", data=data, tol=0.0, stop="fixed-point")
+    match = al.match
+    assert len(match.trace) > 1 and set(match.validation) == set(range(1, len(match.trace) + 1))
+    assert match.validation[match.chosen] == min(match.validation.values())
+    assert match.to_json()["chosen_iteration"] == match.chosen
+    x = torch.randint(0, data.vocab_size, (2, 16))
+    with torch.no_grad():
+        ref = a.module(torch.float32)(x)
+        got = b.transformed(al.transform).module(torch.float32)(x)
+    assert (ref - got).abs().max() < 1e-4
+    last = glmc.align(a, b, method="weight", data=data, tol=0.0, stop="fixed-point",
+                      select="last").match
+    assert last.chosen is None and last.validation is None

@@ -267,3 +267,27 @@ def test_weight_matching_aligns_a_narrower_trained_mlp_to_a_wider_one(tmp_path, 
     got = {m: r.loss_barrier for m, r in report.methods.items()}
     assert got["canonical"] > 0.5, got
     assert got["weight"] <= 0.5 * got["canonical"], got
+
+
+#: The largest share of the last iterate's barrier that the validated one may leave (measured:
+#: Llama 0.0435 against 0.0483, 0.90x, the second of 6 iterates; GPT-NeoX 0.0226 against
+#: 0.0287, 0.79x, the first of 4; the ViT pair 0.99x, not a test). On the held-out suite's test
+#: pairs 0.90x-1.00x (benchmarks/README.md).
+VALIDATED_SHARE = {"llama": 0.95, "gpt-neox": 0.9}
+
+
+@pytest.mark.parametrize("arch", list(VALIDATED_SHARE))
+def test_weight_matching_keeps_its_iterate_of_lowest_validation_loss(pairs, arch):
+    """With data, ``weight`` returns the iterate of lowest validation loss (``select``, the
+    default "validation") instead of the last: D falls at every iteration, the barrier need
+    not."""
+    a, b, data = pairs(arch)
+    reports = {s: run_barrier(a, b, data, methods=("weight",), max_batches=4,
+                              options=AlignOptions(select=s)).methods["weight"]
+               for s in ("last", "validation")}
+    barriers = {s: r.loss_barrier for s, r in reports.items()}
+    match = reports["validation"].alignment.match
+    assert len(match.validation) == len(match.trace) > 1
+    assert match.validation[match.chosen] == min(match.validation.values())
+    assert reports["last"].alignment.match.chosen is None
+    assert barriers["validation"] <= VALIDATED_SHARE[arch] * barriers["last"], barriers

@@ -224,8 +224,10 @@ def reference_logits(b: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
 def summary(args: argparse.Namespace, al: Alignment) -> list[str]:
     """What the alignment did, in a line or two."""
     m = al.match
+    kept = (f", kept iteration {m.chosen} (the lowest validation loss)"
+            if m and m.chosen is not None else "")
     lines = [f"aligned {args.b} to {args.a}: {len(m.trace)} iterations, distance (relative) "
-             f"{m.to_json()['init_relative']:.4f} -> {m.relative:.4f}" if m else
+             f"{m.to_json()['init_relative']:.4f} -> {m.relative:.4f}{kept}" if m else
              f"aligned {args.b} to {args.a}"]
     if al.learned:
         lr = al.learned

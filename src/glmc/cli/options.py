@@ -11,6 +11,7 @@ from glmc.matching.options import (
     NARROWER_LAMBDA,
     PAIR_LAMBDA,
     SCHEDULES,
+    SELECTIONS,
     STARTS,
     STOPPING,
     WEIGHTINGS,
@@ -43,6 +44,10 @@ def add_alignment_options(p: argparse.ArgumentParser, residual: bool = True) -> 
     g.add_argument("--stop", choices=STOPPING, default=WM_DEFAULTS.stop,
                    help="objective: stop at the first such iteration; fixed-point: only after "
                    "a full sweep that changed no assignment (slower, rarely a lower barrier)")
+    g.add_argument("--select", choices=SELECTIONS, default=SELECTIONS[0],
+                   help="with --data, which weight-matching iterate to keep: validation, the "
+                   "one of lowest validation loss at learned matching's evaluation points "
+                   "(its validation batches); last, the last")
     g.add_argument("--weighting", choices=WEIGHTINGS, default=WM_DEFAULTS.weighting,
                    help="how tensors count in weight matching's distance: tensor, each by its "
                    "mean squared difference (an embedding table as much as an MLP matrix); "
@@ -223,7 +228,7 @@ def alignment_options(args: argparse.Namespace, vocab_size: int | None = None, *
         counts = read_token_counts(args.token_counts, vocab_size or 0)
     fields = {"residual": getattr(args, "residual", "orthogonal"), "heads": args.heads,
               "max_iter": args.iters, "tol": args.tol, "stop": args.stop,
-              "weighting": args.weighting,
+              "select": getattr(args, "select", "validation"), "weighting": args.weighting,
               "token_counts": counts, "data": getattr(args, "data", None),
               "tokenizer": getattr(args, "tokenizer", None), "data_seed": args.data_seed,
               "learned": learned_options(args, getattr(args, "out", None)),

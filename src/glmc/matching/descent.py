@@ -40,10 +40,17 @@ class MatchResult:
     converged: bool
     init_distance: float  # D before the first iteration (the start of the residual map)
     scale: float  # Σ w(‖A‖² + ‖B‖²): D / scale is about 1 for unrelated weights, 0 for equal
+    #: The iteration (1-based) whose transform this is, when not the last: the one with the
+    #: lowest validation loss (weight matching with data), and each iterate's loss.
+    chosen: int | None = None
+    validation: dict[int, float] | None = None
 
     @property
     def distance(self) -> float:
-        return self.trace[-1]["distance"] if self.trace else self.init_distance
+        """D of the transform (the chosen iterate's, else the last's)."""
+        if not self.trace:
+            return self.init_distance
+        return self.trace[(self.chosen or len(self.trace)) - 1]["distance"]
 
     @property
     def relative(self) -> float:
@@ -54,7 +61,9 @@ class MatchResult:
                 "init_distance": self.init_distance,
                 "init_relative": relative(self.init_distance, self.scale),
                 "distance": self.distance, "relative": self.relative, "scale": self.scale,
-                "trace": self.trace}
+                "trace": self.trace} | ({} if self.validation is None else {
+                    "chosen_iteration": self.chosen,
+                    "validation_loss": {str(k): v for k, v in self.validation.items()}})
 
 
 @dataclass

@@ -488,7 +488,7 @@ def learned_matching(
     opts = opts or LearnedMatchingOptions()
     inner = inner or default_inner(opts.residual)
     device = _check(opts)
-    init, starts = _best_start(a, b, data, init, opts, device)
+    init, starts = best_by_validation(a, b, data, init, opts, device)
     latents = Latents(a, b, init, opts.residual, inner, fix_ones, device)
     path = PathModel(a, b, latents, getattr(torch, opts.dtype), device=device)
     lam = opts.lam_for(narrower=bool(b.free))
@@ -501,12 +501,14 @@ def learned_matching(
     return result
 
 
-def _best_start(a: CanonicalModel, b: CanonicalModel, data,
-                init: Transform | dict[str, Transform], opts: LearnedMatchingOptions,
-                device: torch.device | None = None) -> tuple[Transform, dict[str, float]]:
+def best_by_validation(a: CanonicalModel, b: CanonicalModel, data,
+                       init: Transform | dict[str, Transform], opts: LearnedMatchingOptions,
+                       device: torch.device | None = None
+                       ) -> tuple[Transform, dict[str, float]]:
     """The candidate of ``init`` with the lowest validation loss at ``opts.eval_lambdas``
-    (on the validation batches the run reads, on ``device``), and every candidate's loss
-    (none for one)."""
+    (on the validation batches learned matching reads, on ``device``), and every
+    candidate's loss (none for one). Learned matching's start is chosen so, and weight
+    matching's iterate when it has data (:func:`glmc.methods.builtin.weight`)."""
     if isinstance(init, Transform):
         return init, {}
     if len(init) == 1:

@@ -19,6 +19,9 @@ INNER = ("invertible", "orthogonal", "permutation")
 INITS = ("spectral", "embeddings", "identity", "activation")
 #: When weight matching stops (see :class:`WeightMatchingOptions`).
 STOPPING = ("objective", "fixed-point")
+#: Which of weight matching's iterates the ``weight`` method returns when it has data: the one
+#: of lowest validation loss, or the last (``AlignOptions.select``).
+SELECTIONS = ("validation", "last")
 #: Learned matching's learning-rate schedules (see :class:`LearnedMatchingOptions`).
 SCHEDULES = ("plateau", "cosine")
 #: Where learned matching starts (see :class:`LearnedMatchingOptions`).

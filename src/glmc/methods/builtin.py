@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from glmc.data import Dataset, fixed_batches
+from glmc.devices import matching_device
 from glmc.errors import GlmcError
 from glmc.matching.activation import activation_matching
-from glmc.matching.learned import LearnedResult, learned_matching
+from glmc.matching.learned import LearnedResult, best_by_validation, learned_matching
 from glmc.matching.problem import stream_space
 from glmc.matching.weight import MatchResult, centred_pair, weight_matching
 from glmc.methods.alignment import Alignment
@@ -101,12 +102,38 @@ def weight(a: CanonicalModel, b: CanonicalModel, o: AlignOptions) -> Alignment:
     start = stream_of(a, activation_start(a, b, o))
     wm = o.weight_matching(token_masks(a, o.token_counts), hand_over=o.hand_over,
                            stream_start=start)
-    match = weight_matching(a, b, wm, progress=o.progress)
+    iterates: list[Transform] | None = [] if validates(o) else None
+    keep = None if iterates is None else lambda k, t: iterates.append(t) if k else None
+    match = weight_matching(a, b, wm, progress=o.progress, on_iteration=keep)
+    if iterates is not None and len(iterates) > 1:
+        match = validated(a, b, o, match, iterates)
     if o.hand_over:  # (what is left of the models: A's weighted copies, nothing of B's)
         a.state.clear()
         b.state.clear()
         return Alignment(a, b, None, match.transform, match)
     return _moved(a, b, match.transform, match)
+
+
+def validates(o: AlignOptions) -> bool:
+    """Whether ``weight`` returns the iterate of lowest validation loss (``o.select``):
+    data given and loaded, and the models kept to evaluate."""
+    return o.select == "validation" and isinstance(o.data, Dataset) and not o.hand_over
+
+
+def validated(a: CanonicalModel, b: CanonicalModel, o: AlignOptions, match: MatchResult,
+              iterates: list[Transform]) -> MatchResult:
+    """``match`` with the iterate (``iterates[k - 1]``: after k iterations) of lowest
+    validation loss at learned matching's evaluation λs, on its validation batches (the
+    first of equals). D falls at every iteration while the barrier need not: from
+    activation matching's start, the first iteration's was the lowest on every validation
+    pair of the held-out suite (``benchmarks/wm_criterion.py --screen``)."""
+    lo = o.learned_matching()
+    chosen, losses = best_by_validation(a, b, o.data, {str(k): t for k, t in
+                                                       enumerate(iterates, 1)}, lo,
+                                        matching_device(lo.device))
+    by_k = {int(k): v for k, v in losses.items()}
+    best = next(k for k, t in enumerate(iterates, 1) if t is chosen)
+    return replace(match, transform=chosen, chosen=best, validation=by_k)
 
 
 def activation(a: CanonicalModel, b: CanonicalModel, o: AlignOptions,

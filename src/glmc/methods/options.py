@@ -16,6 +16,7 @@ from glmc.errors import GlmcError
 from glmc.matching.options import (
     INITS,
     RESIDUALS,
+    SELECTIONS,
     LearnedMatchingOptions,
     WeightMatchingOptions,
 )
@@ -41,6 +42,10 @@ class AlignOptions:
             has data and the map is orthogonal (``weight``, and learned matching's weight start;
             not under torchrun, whose ranks hold shares of the models), else from the
             embeddings.
+        select: which of weight matching's iterates ``weight`` returns when it has data
+            (and does not hand the pair over): ``"validation"``, the one with the lowest
+            validation loss at learned matching's evaluation λs (on its validation
+            batches); ``"last"``, the last. Without data, the last.
         token_counts: (vocab,) counts; vocabulary rows of unseen tokens do not count.
         data: the training data of data-driven methods (a loaded dataset, or a name or path
             that :func:`glmc.api.align` loads with the models' tokenizer and split seed).
@@ -80,6 +85,7 @@ class AlignOptions:
     unit_cost: str = _WM.unit_cost
     inner: str | None = None
     init: str = "auto"
+    select: str = "validation"
     token_counts: torch.Tensor | None = None
     data: str | Path | Dataset | None = None
     tokenizer: str | Tokenizer | None = None
@@ -98,7 +104,8 @@ class AlignOptions:
         for name, value, allowed in (("heads mode", self.heads, HEADS),
                                      ("residual group", self.residual, RESIDUALS),
                                      ("correction", self.correction, CORRECTIONS),
-                                     ("init", self.init, ("auto", *INITS))):
+                                     ("init", self.init, ("auto", *INITS)),
+                                     ("iterate selection", self.select, SELECTIONS)):
             if value not in allowed:
                 raise GlmcError(f"unknown {name} {value!r} ({' or '.join(allowed)})")
         if self.device is not None:  # (a device this machine lacks: refused before any work)
