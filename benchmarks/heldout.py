@@ -171,7 +171,7 @@ def measure(pair: Pair, cache: Path, methods: list[str], options: dict | None = 
         match = m.alignment.match if m.alignment is not None else None
         if match is not None:  # (weight matching's own run; learned's start is not kept)
             row["methods"][name] |= {"iterations": len(match.trace),
-                                     "relative": match.relative}
+                                     "relative": match.relative, "chosen": match.chosen}
         learned = m.alignment.learned if m.alignment is not None else None
         if learned is not None:
             row["methods"][name]["learned"] = {k: v for k, v in learned.to_json().items()
