@@ -3,6 +3,7 @@ own process, split by phase (load, reference logits, match, write, certify), on 
 independently initialised models written as transformers writes them.
 
     python benchmarks/align_end_to_end.py                          # gpt2-small, then tinyllama
+    python benchmarks/align_end_to_end.py --cases llama7b-2l,llama7b-4l    # the 7B slices
     python benchmarks/align_end_to_end.py --cases gpt2-small --threads 2
     python benchmarks/align_end_to_end.py --cache /data/glmc-cache --out results.json
     python benchmarks/align_end_to_end.py --without-matching --max-rss-gb 13
@@ -71,6 +72,19 @@ CASES: dict[str, dict[str, Any]] = {
         "target": {"seconds": 10 * 60, "peak_rss_gb": 8.0},
     },
 }
+#: Slices of a Llama-2-7B-shaped pair (hidden 4096, 32 heads, intermediate 11008, vocabulary
+#: 32000, bfloat16) with 2 and 4 of its 32 layers: measured to extrapolate the whole pair per
+#: layer (their target is the whole pair's memory, 20 GB; no time target: an hour).
+SLICE_LAYERS = (2, 4)
+for _n in SLICE_LAYERS:
+    CASES[f"llama7b-{_n}l"] = {
+        "model_type": "llama", "dtype": "bfloat16", "shard": "2GB",
+        "config": dict(num_hidden_layers=_n, hidden_size=4096, num_attention_heads=32,
+                       num_key_value_heads=32, intermediate_size=11008, vocab_size=32000,
+                       max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
+                       tie_word_embeddings=False, hidden_act="silu"),
+        "target": {"seconds": 3600, "peak_rss_gb": 20.0},
+    }
 PHASES = ("load", "reference", "match", "write", "certify")
 
 
@@ -335,7 +349,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", default=",".join(CASES),
+    ap.add_argument("--cases", default="gpt2-small,tinyllama",
                     help=f"comma-separated, of {', '.join(CASES)}")
     ap.add_argument("--cache", type=Path, default=HERE.parent / "glmc-cache" / "align-e2e",
                     help="where the generated models (and OUT, while checked) live")
