@@ -17,6 +17,11 @@ Cases (generated with a fixed seed per model, never downloaded, cached under ``-
   and 4 key/value heads, intermediate 5632, vocabulary 32000, untied head: 1.1B parameters
   each), bfloat16 safetensors in 1 GB shards (``model-0000x-of-0000y.safetensors`` and the
   index).
+- ``llama7b-2l``, ``llama7b-4l``: Llama-2-7B's widths (hidden 4096, 32 heads, intermediate
+  11008, vocabulary 32000, bfloat16) with 2 and 4 of its 32 layers; ``tinyllama-2l``,
+  ``tinyllama-4l``: the same slices of the TinyLlama pair. From each pair of slices the whole
+  pair's wall and peak RSS are extrapolated per layer (the JSON's ``extrapolated``), and for
+  TinyLlama compared with its whole run.
 
 Each model is generated in its own process; the command runs as a subprocess of this script
 (its peak RSS is read with ``os.wait4``, its phases from OUT's ``glmc_report.json``); OUT is
@@ -74,7 +79,8 @@ CASES: dict[str, dict[str, Any]] = {
 }
 #: Slices of a Llama-2-7B-shaped pair (hidden 4096, 32 heads, intermediate 11008, vocabulary
 #: 32000, bfloat16) with 2 and 4 of its 32 layers: measured to extrapolate the whole pair per
-#: layer (their target is the whole pair's memory, 20 GB; no time target: an hour).
+#: layer (their target is the whole pair's memory, 20 GB; no time target: an hour), and the
+#: same slices of the TinyLlama pair, whose whole run checks the extrapolation.
 SLICE_LAYERS = (2, 4)
 for _n in SLICE_LAYERS:
     CASES[f"llama7b-{_n}l"] = {
@@ -85,6 +91,10 @@ for _n in SLICE_LAYERS:
                        tie_word_embeddings=False, hidden_act="silu"),
         "target": {"seconds": 3600, "peak_rss_gb": 20.0},
     }
+    # (the same slices of the 1.1B pair: the per-layer extrapolation checked against its
+    # whole run)
+    CASES[f"tinyllama-{_n}l"] = {**CASES["tinyllama"], "config": {
+        **CASES["tinyllama"]["config"], "num_hidden_layers": _n}}
 PHASES = ("load", "reference", "match", "write", "certify")
 
 
@@ -322,6 +332,30 @@ def check_output(out: Path, dtype: str, threads: int) -> dict[str, Any]:
 # -- the table --------------------------------------------------------------------------------
 
 
+def extrapolated(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each sliced pair's whole run extrapolated per layer from its 2- and 4-layer slices:
+    wall and peak RSS at L layers = the 2-layer's + (L - 2) x half the 4-layer's excess, with
+    the whole run's measured figures beside where there is one (its relative error)."""
+    out = []
+    lo, hi = SLICE_LAYERS
+    for whole, layers in (("llama7b", 32), ("tinyllama", 22)):
+        a, b = rows.get(f"{whole}-{lo}l"), rows.get(f"{whole}-{hi}l")
+        if not a or not b or a["rc"] or b["rc"]:
+            continue
+        row: dict[str, Any] = {"case": whole, "layers": layers,
+                               "from": [a["commit"], b["commit"]]}
+        for key in ("wall_s", "peak_rss_gb"):
+            per_layer = (b[key] - a[key]) / (hi - lo)
+            row[key] = round(a[key] + (layers - lo) * per_layer, 2)
+            row[f"{key}_per_layer"] = round(per_layer, 3)
+            got = rows.get(whole)
+            if got and got.get("rc") == 0 and whole != "llama7b":
+                row[f"{key}_measured"] = got[key]
+                row[f"{key}_error"] = round(row[key] / got[key] - 1, 3)
+        out.append(row)
+    return out
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| case | params | dtype | wall s | peak RSS GB | " + " | ".join(PHASES)
             + " | certificate | OUT loads | target |")
@@ -413,9 +447,15 @@ def main() -> None:
             writes |= {(r["case"], r["mode"]): r
                        for r in write_rows(case, args.cache, args.threads)}
         write_json(args.out, {"benchmark": "align_end_to_end", "machine": machine(),
-                              "rows": _ordered(rows), "writes": list(writes.values())})
+                              "rows": _ordered(rows), "writes": list(writes.values()),
+                              "extrapolated": extrapolated(rows)})
     print()
     print(table(_ordered(rows)))
+    for x in extrapolated(rows):
+        print(f"{x['case']} at {x['layers']} layers, from its slices: {x['wall_s']:.0f} s, "
+              f"{x['peak_rss_gb']:.2f} GB" + (f" (measured whole: {x['wall_s_measured']} s, "
+                                              f"{x['peak_rss_gb_measured']} GB)"
+                                              if "wall_s_measured" in x else ""))
     print(f"\nwrote {args.out}")
 
 
