@@ -6,12 +6,18 @@ same transform and trace, bit for bit, as with A held.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from safetensors.torch import load_file
 from test_held import BF16, pair, save_llama, started
 from test_memory import same_elements
 
 import glmc
+import glmc.io.folders
+import glmc.io.outputs
+from glmc.cli.main import main
 from glmc.io.folders import load_model
 from glmc.io.streamed import StreamedState
 from glmc.methods import AlignOptions
@@ -65,3 +71,54 @@ def test_weight_matching_with_a_streamed_gives_the_held_transform(h, tmp_path, m
     assert [{k: v for k, v in row.items() if "seconds" not in k}
             for row in streamed.match.trace] == strip
     assert held.match.scale == streamed.match.scale
+
+
+def report_of(folder) -> dict:
+    return json.loads((folder / "glmc_report.json").read_text())
+
+
+def test_align_streams_a_where_the_pair_held_would_not_fit(h, tmp_path, monkeypatch):
+    """``glmc align`` of a bfloat16 pair: held where it fits; where only B and the working
+    set fit, A is streamed (``--stream auto``), with the same transform, bit for bit, and a
+    certified output; where even that does not fit, refused before loading, in one line
+    naming the streamed mode (exit 2); ``--stream always`` streams wherever it fits, and is
+    refused where it cannot apply."""
+    fa, fb = pair(h, tmp_path)
+    held_need = sum(glmc.io.outputs.pair_memory(fa, fb, half=True))
+    stream_need = sum(glmc.io.outputs.pair_memory(fa, fb, half=True, stream=True))
+    n = glmc.io.outputs.stored_params(fa)
+    assert held_need - stream_need == 2 * n
+    loads: list[bool] = []
+    load = glmc.io.folders.load_model
+
+    def spy(*args, **kwargs):
+        m = load(*args, **kwargs)
+        loads.append(isinstance(m.canonical.state, StreamedState))
+        return m
+
+    monkeypatch.setattr(glmc.io.folders, "load_model", spy)
+    run = ["align", str(fa), str(fb), "--iters", "2", "--json"]
+    monkeypatch.setattr(glmc.io.outputs, "available_memory", lambda: held_need)
+    assert main([*run, "-o", str(tmp_path / "held")]) == 0
+    assert loads[:2] == [False, False]
+    monkeypatch.setattr(glmc.io.outputs, "available_memory", lambda: held_need - 1)
+    loads.clear()
+    assert main([*run, "-o", str(tmp_path / "streamed")]) == 0
+    assert loads[:2] == [True, False]
+    held, streamed = (report_of(tmp_path / k) for k in ("held", "streamed"))
+    assert held["certificate"]["equal"] and streamed["certificate"]["equal"]
+    tx, ty = (load_file(str(tmp_path / k / "transform.safetensors"))
+              for k in ("held", "streamed"))
+    assert tx.keys() == ty.keys() and all(torch.equal(tx[k], ty[k]) for k in tx)
+    monkeypatch.setattr(glmc.io.outputs, "available_memory", lambda: stream_need - 1)
+    with pytest.raises(glmc.GlmcError, match=r"in bfloat16 \(B alone: A streamed from its "
+                       r"files\) plus .* of working set"):
+        glmc.io.outputs.check_pair_memory(fa, fb, half=True, stream=None)
+    assert main([*run, "-o", str(tmp_path / "refused")]) == 2
+    assert not (tmp_path / "refused").exists()
+    monkeypatch.setattr(glmc.io.outputs, "available_memory", lambda: held_need)
+    loads.clear()
+    assert main([*run, "-o", str(tmp_path / "always"), "--stream", "always"]) == 0
+    assert loads[:2] == [True, False]
+    assert main([*run, "-o", str(tmp_path / "data"), "--stream", "always",
+                 "--align", "learned", "--data", "shakespeare"]) == 2
