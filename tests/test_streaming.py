@@ -210,7 +210,8 @@ def _no_work(*args, **kwargs):
 def test_a_pair_that_does_not_fit_in_memory_is_refused_before_loading(h, tmp_path, monkeypatch,
                                                                       capsys, command):
     """The estimate from the safetensors headers (both models in float32 plus the working
-    set; align's bfloat16 pair in bfloat16, see ``tests/test_held.py``) against
+    set; align's bfloat16 pair in bfloat16, A streamed where it would not fit held, see
+    ``tests/test_held.py`` and ``tests/test_streamed.py``) against
     MemAvailable: one line saying both and what would make it fit, exit 2, nothing loaded,
     nothing written."""
     for name, seed in (("a", 0), ("b", 1)):
@@ -228,9 +229,11 @@ def test_a_pair_that_does_not_fit_in_memory_is_refused_before_loading(h, tmp_pat
     assert rc == 2 and "Traceback" not in err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"glmc {command}: error: "), err
-    if command == "align":
-        pair = glmc.io.outputs.pair_memory(tmp_path / "a", tmp_path / "b", half=True)[0]
-    dtype = "bfloat16" if command == "align" else "float32"
+    if command == "align":  # (held, it would not fit: A streamed, B alone)
+        pair = glmc.io.outputs.pair_memory(tmp_path / "a", tmp_path / "b", half=True,
+                                           stream=True)[0]
+    dtype = ("bfloat16 (B alone: A streamed from its files)" if command == "align"
+             else "float32")
     for fragment in (f"need about {glmc.io.outputs._size(pair)} in {dtype} plus",
                      "of working set; this machine has 6.1 MB available: free memory, or use a "
                      "machine with ≥ "):

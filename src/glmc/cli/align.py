@@ -29,6 +29,7 @@ from glmc.cli.options import (
     check_device,
     learned_options,
 )
+from glmc.errors import GlmcError
 from glmc.methods import aligning_methods
 
 if TYPE_CHECKING:  # (torch and the library load when a command runs: --help stays fast)
@@ -60,8 +61,15 @@ def check_pair_options(args: argparse.Namespace) -> None:
     merging = getattr(args, "alpha", None) is not None  # (glmc merge: the merged model too)
     copies = (KEPT_MATCHING_COPIES + 1 if merging
               else MATCHING_COPIES if may_hand_over(args) else KEPT_MATCHING_COPIES)
-    check_pair_memory(args.a, args.b, extra_copies=copies, what=f"{args.a} and {args.b}",
-                      half=not merging and holds_half(args), **spread_ranks(args, merging))
+    ranks = spread_ranks(args, merging)
+    half = not merging and holds_half(args)
+    stream = {"auto": None, "always": True}.get(getattr(args, "stream", "never"), False)
+    if stream and not (half and not ranks):
+        raise GlmcError("--stream always: A is streamed only for weight matching without "
+                        "--data (heads inner), in one process")
+    args.streamed = check_pair_memory(  # (A streamed: a bfloat16 pair, in one process)
+        args.a, args.b, extra_copies=copies, what=f"{args.a} and {args.b}", half=half,
+        stream=stream if half and not ranks else False, **ranks)
 
 
 def spread_ranks(args: argparse.Namespace, merging: bool) -> dict:
@@ -76,8 +84,8 @@ def spread_ranks(args: argparse.Namespace, merging: bool) -> dict:
     return {"ranks": (int(os.environ.get("LOCAL_WORLD_SIZE", "1")), world)}
 
 
-def load_pair(args: argparse.Namespace, keep_stock: bool = False,
-              shares: bool = False, half: bool = False) -> tuple[LoadedModel, LoadedModel]:
+def load_pair(args: argparse.Namespace, keep_stock: bool = False, shares: bool = False,
+              half: bool = False, stream: bool = False) -> tuple[LoadedModel, LoadedModel]:
     """Both input folders (see :func:`check_pair_options` for the checks before), checked to
     share their inputs, outputs and tokenizer.
 
@@ -85,7 +93,8 @@ def load_pair(args: argparse.Namespace, keep_stock: bool = False,
     torchrun, each rank reads only the tensors its share of the weight matching touches
     (:func:`glmc.matching.spread.load_pair`; for align's handed-over pair). ``half``: the
     canonical tensors of a bfloat16 pair kept in bfloat16 (``load_model``'s ``half``: see
-    :func:`holds_half`)."""
+    :func:`holds_half`); ``stream``: A streamed from its files with it, never held
+    (``load_model``'s ``stream``: see :func:`check_pair_options`)."""
     from glmc.api import shared_tokenizer
     from glmc.distributed import spread
     from glmc.io.folders import load_model
@@ -98,7 +107,7 @@ def load_pair(args: argparse.Namespace, keep_stock: bool = False,
         opts = AlignOptions(residual=args.residual, heads=args.heads).weight_matching()
         a, b = load_shares(args.a, args.b, opts, allow_pickle=args.allow_pickle, half=half)
     else:
-        a = load_model(args.a, allow_pickle=args.allow_pickle, half=half)
+        a = load_model(args.a, allow_pickle=args.allow_pickle, half=half, stream=stream)
         if not keep_stock:
             a.stock_state = None  # (A is needed in canonical form only)
         release_memory()
@@ -260,6 +269,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-stock", action="store_true",
                    help="always write a glmc folder, even when the stock class could hold it")
     add_alignment_options(p)
+    p.add_argument("--stream", choices=("auto", "always", "never"), default="auto",
+                   help="a bfloat16 pair matched without --data: read A's tensors from its "
+                   "files as each step needs them, holding none (B alone in memory; slower). "
+                   "auto: only where the pair held would not fit in the memory available")
     add_device(p)
     add_learned_options(p)
     add_json(p)
@@ -287,7 +300,8 @@ def _run(args: argparse.Namespace) -> int:
     phases: dict = {}  # (seconds and peak memory of each phase, in the report)
     hand_over = hands_over(args)
     stamp = folder_stamp(args.b) if hand_over else ()
-    a, b = load_pair(args, shares=hand_over, half=holds_half(args))
+    a, b = load_pair(args, shares=hand_over, half=holds_half(args),
+                     stream=getattr(args, "streamed", False))
     clock = phase(phases, "load", t0)
     if is_main():  # (B's weights read from its files one block at a time, in float64)
         reference = reference_logits(b)

@@ -37,6 +37,7 @@ from glmc.io.files import (
 )
 from glmc.io.outputs import output_errors
 from glmc.io.partial import read_part
+from glmc.io.streamed import StreamedState
 from glmc.model import CanonicalModel
 from glmc.tensors import StateDict
 
@@ -425,7 +426,8 @@ def open_model(path: str | Path, *, allow_pickle: bool = False,
 
 def load_model(path: str | Path, *, allow_pickle: bool = False,
                dtype: torch.dtype = torch.float32,
-               only: Collection[str] | None = None, half: bool = False) -> LoadedModel:
+               only: Collection[str] | None = None, half: bool = False,
+               stream: bool = False) -> LoadedModel:
     """Read a HF or glmc model folder and bring it to canonical form (exact rewrite).
 
     The tensors are read one at a time from the memory-mapped safetensors files (a sharded
@@ -443,10 +445,15 @@ def load_model(path: str | Path, *, allow_pickle: bool = False,
     at a time: the model costs its canonical form in bfloat16 plus one part. For a pair
     handed over to weight matching, which reads it so rounded anyway
     (:mod:`glmc.matching.held`): nothing else may read these tensors as the model's own
-    (B aligned is made from the folder again)."""
+    (B aligned is made from the folder again).
+
+    ``stream`` (with ``half``, for such a model): none of its tensors is read now; each is
+    made and rounded as above when it is read, and never kept (:mod:`glmc.io.streamed`: the
+    model costs one tensor at a time)."""
     m = open_model(path, allow_pickle=allow_pickle, dtype=dtype)
     held = half and STORED_DTYPES.get(m.dtype) == HELD_HALF
-    canonical = (rounded_canonical(m, HELD_HALF, only) if held
+    canonical = (streamed_canonical(m, HELD_HALF) if held and stream and only is None
+                 else rounded_canonical(m, HELD_HALF, only) if held
                  else canonical_of(m, only)).with_files(read_side_files(m.path))
     if m.importer is None:
         return LoadedModel(m.path, canonical)
@@ -498,9 +505,7 @@ def rounded_canonical(m: StoredModel, half: torch.dtype,
     (:func:`part_runs`), each from the stored tensors it needs (the same tensors as a whole
     conversion's: :func:`glmc.io.partial.read_part`)."""
     skeleton = canonical_of(m, only=())
-    state = {n: torch.empty(t.shape, device="meta",
-                            dtype=half if t.is_floating_point() else t.dtype)
-             for n, t in skeleton.state.items()}
+    state = _held_shapes(skeleton, half)
     names = [n for n in state if only is None or n in only]
     for run in part_runs(names, {n: frozenset([n]) for n in names}, skeleton.state,
                          PART_BYTES):
@@ -509,6 +514,22 @@ def rounded_canonical(m: StoredModel, half: torch.dtype,
             t = made.pop(n)
             state[n] = t.to(half) if t.is_floating_point() else t
     return skeleton.with_state(state)
+
+
+def streamed_canonical(m: StoredModel, half: torch.dtype) -> CanonicalModel:
+    """:func:`rounded_canonical`'s model with a :class:`StreamedState`: each tensor made
+    (the same, bit for bit) when read, never kept."""
+    skeleton = canonical_of(m, only=())
+    return skeleton.with_state(StreamedState(  # type: ignore[arg-type]
+        lambda name: canonical_of(m, only={name}).state[name], _held_shapes(skeleton, half),
+        half))
+
+
+def _held_shapes(skeleton: CanonicalModel, half: torch.dtype) -> dict[str, torch.Tensor]:
+    """The skeleton's tensors as held in ``half`` (floating ones), on the meta device."""
+    return {n: torch.empty(t.shape, device="meta",
+                           dtype=half if t.is_floating_point() else t.dtype)
+            for n, t in skeleton.state.items()}
 
 
 def part_runs(names: list[str], sources: Mapping[str, frozenset[str]],

@@ -221,7 +221,8 @@ def available_memory() -> int | None:
 
 
 def pair_memory(a: str | Path, b: str | Path, extra_copies: float = MATCHING_COPIES,
-                ranks: tuple[int, int] = (1, 1), half: bool = False) -> tuple[int, int] | None:
+                ranks: tuple[int, int] = (1, 1), half: bool = False,
+                stream: bool = False) -> tuple[int, int] | None:
     """What aligning model folder B to A holds at its peak, from the safetensors headers
     alone: (both models in float32, the working set), in bytes; None when a folder's
     headers cannot be read (loading it reports why).
@@ -236,7 +237,10 @@ def pair_memory(a: str | Path, b: str | Path, extra_copies: float = MATCHING_COP
 
     ``half``: a pair both of whose folders store most parameters in bfloat16 is loaded and
     matched in it (``glmc align``'s pair handed over without data): the models in bfloat16
-    and :data:`HALF_MATCHING_COPIES` instead of ``extra_copies``.
+    and :data:`HALF_MATCHING_COPIES` instead of ``extra_copies``; ``stream`` with it: A
+    is streamed from its files (``load_model``'s ``stream``, never held), so the models
+    count B alone. (The working set is still the held pair's fraction of B: an estimate, not
+    yet measured streamed.)
 
     ``ranks``: (processes on this machine, processes in all) of a weight matching spread
     across ranks, each reading its share of the pair (:func:`glmc.matching.spread.load_pair`):
@@ -248,10 +252,11 @@ def pair_memory(a: str | Path, b: str | Path, extra_copies: float = MATCHING_COP
         return None
     sizes = [r[0] for r in read]  # type: ignore[index]
     here, world = ranks
-    per_param = BYTES_PER_PARAM
+    per_param, held = BYTES_PER_PARAM, sum(sizes[0]) + sum(sizes[1])
     if half and all(r[1] for r in read):  # type: ignore[index]
         per_param, extra_copies = BYTES_PER_PARAM // 2, HALF_MATCHING_COPIES
-    pair = per_param * (sum(sizes[0]) + sum(sizes[1])) * here // world
+        held = sum(sizes[1]) if stream else held
+    pair = per_param * held * here // world
     beside = here * (LARGEST_TENSOR_COPIES * BYTES_PER_PARAM * max(max(s) for s in sizes)
                      + RUNTIME_BYTES)
     working = int(BYTES_PER_PARAM * extra_copies * sum(sizes[1]) * here / world) + beside
@@ -272,19 +277,27 @@ def _stored_sizes(folder: str | Path) -> tuple[list[int], bool] | None:
 
 def check_pair_memory(a: str | Path, b: str | Path, extra_copies: float = MATCHING_COPIES,
                       what: str = "A and B", ranks: tuple[int, int] = (1, 1),
-                      half: bool = False) -> None:
+                      half: bool = False, stream: bool | None = False) -> bool:
     """Refuse, before loading, a pair whose estimate (:func:`pair_memory`, also for
-    ``half``) exceeds the memory available (:func:`available_memory`): one GlmcError with
-    the estimate and what would make it fit. Nothing is refused when either cannot be
-    read."""
-    need = pair_memory(a, b, extra_copies, ranks, half)
+    ``half`` and ``stream``) exceeds the memory available (:func:`available_memory`): one
+    GlmcError with the estimate, the mode it is for and what would make it fit. Nothing is
+    refused when either cannot be read.
+
+    ``stream``: A streamed from its files (a bfloat16 pair, ``half``); None: only where the
+    pair held would not fit and streamed would. Returns whether A is streamed."""
+    bf16 = half and all(r and r[1] for r in map(_stored_sizes, (a, b)))
     free = available_memory()
+    if stream is None:
+        held = pair_memory(a, b, extra_copies, ranks, half)
+        stream = bf16 and held is not None and free is not None and sum(held) > free
+    stream = bool(stream and bf16)
+    need = pair_memory(a, b, extra_copies, ranks, half, stream)
     if need is None or free is None or sum(need) <= free:
-        return
+        return stream
     pair, working = need
-    dtype = "bfloat16" if half and all(r and r[1] for r in map(_stored_sizes, (a, b))) \
-        else "float32"
-    raise GlmcError(f"{what} need about {_size(pair)} in {dtype} plus {_size(working)} of "
+    held = f"in {'bfloat16' if bf16 else 'float32'}" + (
+        " (B alone: A streamed from its files)" if stream else "")
+    raise GlmcError(f"{what} need about {_size(pair)} {held} plus {_size(working)} of "
                     f"working set; this machine has {_size(free)} available: free memory, "
                     f"or use a machine with ≥ {_size_up(pair + working)}")
 

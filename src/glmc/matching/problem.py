@@ -57,6 +57,7 @@ def tensor_weights(spec: SymmetrySpec, state: StateDict, scheme: str,
         raise GlmcError(f"unknown weighting {scheme!r} (one of {', '.join(WEIGHTINGS)})")
     factor = {n: (role_weights or {})[role] for s, role in spec.roles.items()
               if role in (role_weights or {}) for n, _, _ in spec.occurrences(s)}
+    state = shapes_of(state)  # (sizes only: a streamed model's tensors are not read)
     w = {}
     for name in spec.axes:
         if scheme == "none":
@@ -74,6 +75,18 @@ def tensor_weights(spec: SymmetrySpec, state: StateDict, scheme: str,
             w[name] *= bias_weight
         w[name] *= factor.get(name, 1.0)
     return w
+
+
+def shapes_of(state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """``state``'s tensors, or where it streams them (:class:`glmc.io.streamed.StreamedState`)
+    their shapes and dtypes on the meta device (nothing read)."""
+    return getattr(state, "meta", state)
+
+
+def streamed(state: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``state`` makes each tensor when read, keeping none (a streamed model: its
+    weighted copies are then made when read too, never kept)."""
+    return getattr(state, "streamed", False)
 
 
 def cross_sum(pairs: list[tuple[torch.Tensor, torch.Tensor]],
@@ -216,7 +229,7 @@ class WeightedState(Mapping[str, torch.Tensor]):
         self._state.pop(name, None)
 
     def shape(self, name: str) -> torch.Size:
-        return self._state[name].shape
+        return shapes_of(self._state)[name].shape
 
     def rows(self, name: str, size: int) -> Iterator[torch.Tensor]:
         """The weighted tensor ``name`` in blocks of ``size`` rows (of its first axis)."""
@@ -230,7 +243,7 @@ class WeightedState(Mapping[str, torch.Tensor]):
         """‖√w_t·X_t‖² summed in float64; a tensor of more than ``block`` entries (an
         embedding table) in blocks of rows, so that neither its weighted nor its float64
         copy is made whole (a 50k x 768 table's would take 150 and 300 MB)."""
-        t = self._state[name]
+        t = shapes_of(self._state)[name]
         if t.numel() <= block or t.dim() == 0:
             return float(self[name].double().pow(2).sum())
         size = max(1, block // max(1, t[0].numel()))
@@ -309,7 +322,7 @@ class Problem:
         stream = stream_space(spec)
         #: The dtype the pair is held in when not its own (see :mod:`glmc.matching.held`)
         self.half = held_dtype(a, b, opts.hand_over)
-        own = a.state[next(iter(spec.axes))].dtype
+        own = shapes_of(a.state)[next(iter(spec.axes))].dtype
         #: The dtype of the products and of the elements
         self.dtype = own if self.half is None else torch.promote_types(own, torch.float32)
         self._balance: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -351,8 +364,10 @@ class Problem:
         solo = {n for n in names if stream is not None and spec.spaces_of(n) == {stream}}
         hand_over = opts.hand_over  # (A's tensors replaced by their kept copies)
         weigh = Weighing(self.w, opts.row_masks, self.device)
-        self.A = WeightedState(a.state, names, weigh, keep - solo, consume=hand_over,
-                               half=self.half)
+        # (A streamed: each step reads its tensors from A's files, none is kept)
+        self.A = WeightedState(a.state, names, weigh,
+                               set() if streamed(a.state) else keep - solo,
+                               consume=hand_over, half=self.half)
         self.B = WeightedState(b.state, names, weigh, set(), half=self.half)  # (freed in apply)
         # ‖A_t‖², ‖B_t‖² (weighted): a tensor moved by permutations and orthogonal maps keeps
         # its norm, so its distance term is ‖A‖² + ‖B‖² − 2⟨A, π(B)⟩.
