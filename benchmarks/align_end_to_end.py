@@ -40,6 +40,7 @@ machine is never run out of memory.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -96,6 +97,8 @@ for _n in SLICE_LAYERS:
     CASES[f"tinyllama-{_n}l"] = {**CASES["tinyllama"], "config": {
         **CASES["tinyllama"]["config"], "num_hidden_layers": _n}}
 PHASES = ("load", "reference", "match", "write", "certify")
+#: The suffix of a row run with ``--glmc-args "--stream always"`` (A streamed from its files).
+STREAMED = " (A streamed)"
 
 
 # -- the models -------------------------------------------------------------------------------
@@ -178,7 +181,8 @@ def run_case(case: str, cache: Path, threads: int, keep: bool,
         rc = proc.returncode = os.waitstatus_to_exitcode(status)
         out_f.seek(0), err_f.seek(0)
         stdout, stderr = out_f.read(), err_f.read()
-    row: dict[str, Any] = {"case": case if matching else f"{case} (no matching)",
+    streamed = STREAMED if "--stream always" in " ".join(extra or []) else ""
+    row: dict[str, Any] = {"case": (case if matching else f"{case} (no matching)") + streamed,
                            "glmc_args": extra or [], "rc": rc, "wall_s": round(wall, 1),
                            "threads": threads, "loadavg_before": load_before,
                            "loadavg_after": os.getloadavg(), **provenance()}
@@ -338,18 +342,19 @@ def extrapolated(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     the whole run's measured figures beside where there is one (its relative error)."""
     out = []
     lo, hi = SLICE_LAYERS
-    for whole, layers in (("llama7b", 32), ("tinyllama", 22)):
-        a, b = rows.get(f"{whole}-{lo}l"), rows.get(f"{whole}-{hi}l")
+    for (whole, layers), mode in itertools.product((("llama7b", 32), ("tinyllama", 22)),
+                                                   ("", STREAMED)):
+        a, b = rows.get(f"{whole}-{lo}l{mode}"), rows.get(f"{whole}-{hi}l{mode}")
         if not a or not b or a["rc"] or b["rc"]:
             continue
-        row: dict[str, Any] = {"case": whole, "layers": layers,
+        row: dict[str, Any] = {"case": whole + mode, "layers": layers,
                                "from": [a["commit"], b["commit"]]}
         for key in ("wall_s", "peak_rss_gb"):
             per_layer = (b[key] - a[key]) / (hi - lo)
             row[key] = round(a[key] + (layers - lo) * per_layer, 2)
             row[f"{key}_per_layer"] = round(per_layer, 3)
-            got = rows.get(whole)
-            if got and got.get("rc") == 0 and whole != "llama7b":
+            got = rows.get(whole + mode)
+            if got and got.get("rc") == 0:
                 row[f"{key}_measured"] = got[key]
                 row[f"{key}_error"] = round(row[key] / got[key] - 1, 3)
         out.append(row)
@@ -460,7 +465,7 @@ def main() -> None:
 
 
 def _ordered(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    names = [n for c in CASES for n in (f"{c} (no matching)", c)]
+    names = [n for c in CASES for n in (f"{c} (no matching)", c, c + STREAMED)]
     return [rows[n] for n in names if n in rows]
 
 
