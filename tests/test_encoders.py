@@ -499,3 +499,14 @@ def test_glmc_align_of_bare_encoders_certifies_the_moved_output(h, tmp_path):
     assert report["certificate"]["equal"]
     assert main(["merge", str(tmp_path / "a"), str(tmp_path / "b"), "-o",
                  str(tmp_path / "merged")]) == 0
+
+
+def test_a_bare_encoder_loads_after_a_masked_lm_of_the_same_config(h, tmp_path):
+    """The stock class's shapes are remembered per config: ``architectures``, which picks
+    the class (BertForMaskedLM or the bare BertModel), is part of what they are keyed by."""
+    from glmc.io.folders import load_model
+
+    save_stock(h.make_tiny("bert", seed=0), tmp_path / "mlm")
+    save_stock(h.make_tiny("bert", seed=0, head="features"), tmp_path / "bare")
+    for name in ("mlm", "bare", "mlm"):
+        assert load_model(tmp_path / name).canonical.n_params() > 0

@@ -22,7 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from glmc.errors import GlmcError, reason
-from glmc.families.base import METADATA_KEYS, check_shapes, module_shapes
+from glmc.families.base import check_shapes, module_shapes
 from glmc.families.importers import Importer, NotRepresentable
 from glmc.families.registry import family_named, importer_for
 from glmc.io.atomic import atomic_dir
@@ -467,9 +467,9 @@ _SHAPES: dict[str, dict[str, tuple[int, ...]]] = {}
 
 def _stock_shapes(importer: Importer, raw: dict, hf_config: Any) -> dict[str, tuple[int, ...]]:
     """The state-dict shapes of ``importer``'s stock class for the config ``raw`` (read as
-    ``hf_config``), remembered by the config's fields (its metadata left out)."""
-    key = json.dumps([importer.name, {k: v for k, v in raw.items() if k not in METADATA_KEYS}],
-                     sort_keys=True, default=str)
+    ``hf_config``), remembered by every field of the config (``architectures`` included:
+    it picks the class)."""
+    key = json.dumps([importer.name, raw], sort_keys=True, default=str)
     if key not in _SHAPES:
         if len(_SHAPES) >= 8:
             _SHAPES.pop(next(iter(_SHAPES)))
