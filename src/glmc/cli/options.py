@@ -228,7 +228,7 @@ def alignment_options(args: argparse.Namespace, vocab_size: int | None = None, *
         counts = read_token_counts(args.token_counts, vocab_size or 0)
     fields = {"residual": getattr(args, "residual", "orthogonal"), "heads": args.heads,
               "max_iter": args.iters, "tol": args.tol, "stop": args.stop,
-              "select": getattr(args, "select", "validation"), "weighting": args.weighting,
+              "select": getattr(args, "select", SELECTIONS[0]), "weighting": args.weighting,
               "token_counts": counts, "data": getattr(args, "data", None),
               "tokenizer": getattr(args, "tokenizer", None), "data_seed": args.data_seed,
               "learned": learned_options(args, getattr(args, "out", None)),

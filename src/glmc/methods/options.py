@@ -85,7 +85,7 @@ class AlignOptions:
     unit_cost: str = _WM.unit_cost
     inner: str | None = None
     init: str = "auto"
-    select: str = "validation"
+    select: str = SELECTIONS[0]
     token_counts: torch.Tensor | None = None
     data: str | Path | Dataset | None = None
     tokenizer: str | Tokenizer | None = None
