@@ -216,18 +216,17 @@ def drop_checkpoint(args: argparse.Namespace) -> None:
     Path(learned_options(args, args.out).checkpoint).unlink(missing_ok=True)
 
 
-def reference_logits(b: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and B's own logits on them (its folder's class, float64, one block at a time
-    read from B's files), for the certificate (computed up front, so that B's stock weights
-    can be released before the matching)."""
-    from glmc.io.folders import open_model
+def reference_logits(path: str, allow_pickle: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and the logits of the model in folder ``path`` on them (its folder's class,
+    float64, one block at a time read from its files), for the certificate: computed before
+    the pair is loaded, so that the float64 blocks are not held beside both models."""
+    from glmc.io.folders import canonical_of, open_model
     from glmc.verify import folder_logits, random_inputs
 
-    x = random_inputs(b.canonical.config)
-    # (a glmc folder as stored, not the canonical state: it may be one rank's share, or
-    # rounded, see holds_half; the same values otherwise)
-    source = open_model(b.path) if b.importer is None else b
-    return x, folder_logits(source)(x)
+    m = open_model(path, allow_pickle=allow_pickle)
+    x = random_inputs(canonical_of(m, only=()).config)  # (the canonical config: no tensor read)
+    return x, folder_logits(m)(x)
 
 
 def summary(args: argparse.Namespace, al: Alignment) -> list[str]:
@@ -300,12 +299,13 @@ def _run(args: argparse.Namespace) -> int:
     phases: dict = {}  # (seconds and peak memory of each phase, in the report)
     hand_over = hands_over(args)
     stamp = folder_stamp(args.b) if hand_over else ()
+    clock = t0
+    if is_main():  # (B's weights read from its files one block at a time, in float64)
+        reference = reference_logits(args.b, args.allow_pickle)
+        clock = phase(phases, "reference", clock)
     a, b = load_pair(args, shares=hand_over, half=holds_half(args),
                      stream=getattr(args, "streamed", False))
-    clock = phase(phases, "load", t0)
-    if is_main():  # (B's weights read from its files one block at a time, in float64)
-        reference = reference_logits(b)
-        clock = phase(phases, "reference", clock)
+    clock = phase(phases, "load", clock)
     b.stock_state = None  # (only B's canonical form is matched, on every rank)
     release_memory()
     al = run_alignment(args, a, b, args.align, hand_over=hand_over)

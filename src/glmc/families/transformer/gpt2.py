@@ -35,12 +35,11 @@ class GPT2Importer(TableImporter):
     table = TABLES["gpt2"]
 
     def to_canonical(self, hf_config: Any, state: StateDict) -> CanonicalModel:
-        c = hf_config
+        c, s = hf_config, state  # (each tensor read when needed: never the whole model)
         if c.scale_attn_by_inverse_layer_idx:
             raise GlmcError("GPT-2 with scale_attn_by_inverse_layer_idx=True is not supported")
         d, h = c.n_embd, c.n_head
         t = "transformer"
-        s = {k: v for k, v in state.items()}
         out: StateDict = {
             "embed.tok": centre(s[f"{t}.wte.weight"], 1),
             "embed.pos": centre(s[f"{t}.wpe.weight"], 1),
