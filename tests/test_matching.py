@@ -713,3 +713,42 @@ def test_planted_recovery_from_activation_matchings_residual_map(h, arch, case):
 def test_an_activation_start_without_its_map_is_one_clear_error():
     with pytest.raises(GlmcError, match="stream_start"):
         WeightMatchingOptions(init="activation")
+
+
+def test_a_large_assignment_negates_a_float32_worker_buffer_in_place(monkeypatch, h):
+    """Above LARGE_ASSIGNMENT lapx's float32 kernel reads the worker's float32 cost negated
+    in place (no n x n copy: 485 MB at n = 11008); afterwards the buffer holds the costs
+    again and the answer is scipy's."""
+    import threading
+
+    from scipy.optimize import linear_sum_assignment
+
+    from glmc.matching import solvers, workspace
+
+    h.require(solvers._LAP is not None, "lapx: pip install 'glmc[fast]'")
+    monkeypatch.setattr(solvers, "LARGE_ASSIGNMENT", 16)
+    g = torch.Generator().manual_seed(1)
+    m = torch.randn(40, 40, generator=g, dtype=torch.float32)
+    want = torch.from_numpy(linear_sum_assignment(m.numpy(), maximize=True)[1])
+    seen, out = [], {}
+    lapjvs = solvers._LAP.lapjvs
+
+    def spy(cost, **kwargs):
+        seen.append(cost)
+        return lapjvs(cost, **kwargs)
+
+    monkeypatch.setattr(solvers._LAP, "lapjvs", spy)
+
+    def worker() -> None:
+        workspace.enable()
+        buf = workspace.buffer("cross", (40, 40), torch.float32)
+        buf.copy_(m)
+        out["perm"] = assignment(buf)
+        out["shared"] = np.shares_memory(seen[-1], buf.numpy())
+        out["kept"] = torch.equal(buf, m)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert torch.equal(out["perm"], want) and out["shared"] and out["kept"]
+    assert torch.equal(assignment(m), want) and not np.shares_memory(seen[-1], m.numpy())

@@ -1,7 +1,9 @@
 """A model streamed from its folder (``load_model``'s ``stream``, :mod:`glmc.io.streamed`):
 none of its tensors held, each made when read, bit for bit the tensor loading in bfloat16
 holds; weight matching of a bfloat16 pair with A streamed keeps no copy of A and finds the
-same transform and trace, bit for bit, as with A held.
+same transform and trace, bit for bit, as with A held. The residual cache kept in files
+(``spill``, :mod:`glmc.matching.spilled`; what ``glmc align`` does when it streams) gives the
+same transform too, and leaves no file behind.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import glmc.io.outputs
 from glmc.cli.main import main
 from glmc.io.folders import load_model
 from glmc.io.streamed import StreamedState
+from glmc.matching import spilled
+from glmc.matching.spilled import SpilledTensors
 from glmc.methods import AlignOptions
 
 
@@ -73,6 +77,52 @@ def test_weight_matching_with_a_streamed_gives_the_held_transform(h, tmp_path, m
     assert held.match.scale == streamed.match.scale
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_spilled_tensors_come_back_bit_for_bit_and_leave_nothing_behind(tmp_path, dtype):
+    g = torch.Generator().manual_seed(0)
+    x, y, z = (torch.randn(s, generator=g).to(dtype) for s in ((5, 7), (3,), (4, 4)))
+    m = SpilledTensors(tmp_path)
+    m["x"], m["y"] = x, y
+    m["x"] = z  # (rewritten in place: the name keeps its file)
+    del m["y"]
+    m["w"] = x.T  # (not contiguous)
+    assert list(m) == ["x", "w"] and len(m) == 2 and "y" not in m
+    assert m["x"].dtype == dtype and torch.equal(m["x"], z) and torch.equal(m["w"], x.T)
+    assert m["x"].data_ptr() != m["x"].data_ptr()  # (read afresh each time: none held)
+    assert len(list(m.folder.glob("*.bin"))) == 2
+    m.close()
+    assert list(tmp_path.iterdir()) == [] and len(m) == 0
+
+
+def test_weight_matching_with_its_cache_in_files_gives_the_same_transform(h, tmp_path,
+                                                                          monkeypatch):
+    """The residual cache spilled to files (A streamed, as ``glmc align`` runs it): the
+    transform and the trace of the cache in memory, bit for bit; its files are removed when
+    the matching ends."""
+    fa, fb = pair(h, tmp_path)
+    options = AlignOptions(max_iter=4, hand_over=True)
+    kept = glmc.align(load_model(fa, half=True, stream=True), load_model(fb, half=True),
+                      options=options)
+    made: list[SpilledTensors] = []
+    spill = tmp_path / "spill"
+    spill.mkdir()
+
+    class Spy(SpilledTensors):
+        def __init__(self, root):
+            super().__init__(root)
+            made.append(self)
+
+    monkeypatch.setattr("glmc.matching.residual.SpilledTensors", Spy)
+    spilt = glmc.align(load_model(fa, half=True, stream=True), load_model(fb, half=True),
+                       options=AlignOptions(max_iter=4, hand_over=True, spill=str(spill)))
+    assert len(made) == 1 and made[0].folder.parent == spill
+    same_elements(kept, spilt)
+    strip = [{k: v for k, v in row.items() if "seconds" not in k} for row in kept.match.trace]
+    assert [{k: v for k, v in row.items() if "seconds" not in k}
+            for row in spilt.match.trace] == strip
+    assert list(spill.iterdir()) == []
+
+
 def report_of(folder) -> dict:
     return json.loads((folder / "glmc_report.json").read_text())
 
@@ -103,8 +153,18 @@ def test_align_streams_a_where_the_pair_held_would_not_fit(h, tmp_path, monkeypa
     assert loads[:2] == [False, False]
     monkeypatch.setattr(glmc.io.outputs, "available_memory", lambda: held_need - 1)
     loads.clear()
+    spills: list[str] = []
+    spill = spilled.SpilledTensors.__init__
+
+    def spy_spill(self, root):
+        spills.append(str(root))
+        spill(self, root)
+
+    monkeypatch.setattr(spilled.SpilledTensors, "__init__", spy_spill)
     assert main([*run, "-o", str(tmp_path / "streamed")]) == 0
     assert loads[:2] == [True, False]
+    assert spills == [str(tmp_path.resolve())]  # (the cache in files beside OUT, then gone)
+    assert not list(tmp_path.glob(".glmc-spill-*"))
     held, streamed = (report_of(tmp_path / k) for k in ("held", "streamed"))
     assert held["certificate"]["equal"] and streamed["certificate"]["equal"]
     tx, ty = (load_file(str(tmp_path / k / "transform.safetensors"))

@@ -176,9 +176,12 @@ def run_alignment(args: argparse.Namespace, a: LoadedModel, b: LoadedModel,
     (``hand_over``: see :func:`hands_over`)."""
     from glmc.api import align
 
+    # (A streamed: the residual cache in files beside OUT, as little held as can be)
+    spill = str(Path(args.out).resolve().parent) if getattr(args, "streamed", False) else None
     with alignment_progress(args) as callbacks:
         options = alignment_options(args, getattr(a.canonical.config, "vocab_size", None),
-                                    hand_over=hand_over, device=args.device, **callbacks)
+                                    hand_over=hand_over, device=args.device, spill=spill,
+                                    **callbacks)
         return align(a, b, method=method, options=options)
 
 
@@ -270,8 +273,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_alignment_options(p)
     p.add_argument("--stream", choices=("auto", "always", "never"), default="auto",
                    help="a bfloat16 pair matched without --data: read A's tensors from its "
-                   "files as each step needs them, holding none (B alone in memory; slower). "
-                   "auto: only where the pair held would not fit in the memory available")
+                   "files as each step needs them, holding none, and keep weight matching's "
+                   "residual cache in files beside OUT (B alone in memory; slower). auto: "
+                   "only where the pair held would not fit in the memory available")
     add_device(p)
     add_learned_options(p)
     add_json(p)

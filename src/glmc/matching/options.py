@@ -89,6 +89,11 @@ class WeightMatchingOptions:
     #: Procrustes): "cpu", "cuda", "cuda:N" or "auto" (see :mod:`glmc.devices`); the
     #: assignments run on the CPU whatever it is, and the result comes back to it.
     device: Any = "cpu"
+    #: A folder where the residual map's cache of cross-correlations (d x d per tensor the
+    #: map acts on once: 6.4 GB at Llama-2-7B's widths) is kept in files instead of memory,
+    #: the same values read back one at a time (:mod:`glmc.matching.spilled`); None: in memory.
+    #: ``glmc align`` spills beside its output when it streams A (``--stream``).
+    spill: str | None = None
 
     def __post_init__(self) -> None:
         for value, choices, what in ((self.residual, RESIDUALS, "residual mode"),

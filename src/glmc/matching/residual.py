@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, MutableMapping
 from dataclasses import dataclass
 
 import torch
 
 from glmc.matching.problem import Problem
+from glmc.matching.spilled import SpilledTensors
 from glmc.symmetry.groups import (
     Element,
     Matrix,
@@ -114,7 +115,8 @@ class ResidualCache:
     The C_n are summed and multiplied in float64 and kept so; for a pair held in bfloat16
     (``prob.half``) they are kept in float32 (half the memory, as large as B held): their
     products are float32 ones, and the rounding of the pair to bfloat16 is 2¹⁶ times
-    float32's.
+    float32's. With ``opts.spill`` they are kept in files there instead, read back one at a
+    time (:mod:`glmc.matching.spilled`: the same values).
     """
 
     def __init__(self, prob: Problem, space: str, t: Element, bt_all: StateDict) -> None:
@@ -128,7 +130,9 @@ class ResidualCache:
         self.axis = {n: ax for n, ax, _ in prob.spec.occurrences(space)
                      if counts.get(n) == 1 and n not in self.fresh}
         self.at = dict.fromkeys(counts, t)  # the residual element applied to bt_all[n]
-        self.cross: dict[str, torch.Tensor] = {}
+        # (in files under opts.spill, one read at a time: a streamed pair's, see spilled.py)
+        self.cross: MutableMapping[str, torch.Tensor] = (
+            SpilledTensors(prob.opts.spill) if prob.opts.spill is not None else {})
         self.kept = torch.float64 if prob.half is None else torch.float32  # (the C_n's)
         self.recross(list(self.axis))
         # The steps from a stale map to the current one, shared by the units (most of them
@@ -136,6 +140,11 @@ class ResidualCache:
         # ids (the maps are held, so the ids stay theirs).
         self._steps: dict[tuple[int, int], tuple[Element, Element, Element]] = {}
         self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Remove the cache's files, when it is kept in them (the cache is spent)."""
+        if isinstance(self.cross, SpilledTensors):
+            self.cross.close()
 
     def step(self, old: Element, t: Element) -> Element:
         """t·old⁻¹ (computed once per pair of maps; units on several threads ask for it)."""

@@ -62,8 +62,8 @@ def assignment(m: torch.Tensor, current: torch.Tensor | None = None) -> torch.Te
     n = m.shape[0]
     if _LAP is not None and n > 1:
         if n >= LARGE_ASSIGNMENT:  # (negated in float32: half the memory, the fast kernel)
-            _, rows, cols = _LAP.lapjvs(np.negative(m.numpy(), dtype=np.float32),
-                                        return_cost=True)
+            with _negated(m, np.float32) as cost:
+                _, rows, cols = _LAP.lapjvs(cost, return_cost=True)
         else:
             with _negated(m) as cost:
                 _, rows, cols = _LAP.lapjvh(cost, return_cost=True)
@@ -87,19 +87,20 @@ def _finite(m: torch.Tensor, rowmax: torch.Tensor | None) -> bool:
 
 
 @contextmanager
-def _negated(m: torch.Tensor) -> Iterator[np.ndarray]:
-    """-m in float64 as a C-contiguous array: negated in place (and back afterwards) when m
-    is a float64 buffer of the calling worker's (:mod:`glmc.matching.workspace`), else a
-    copy (a fresh 75 MB array at n = 3072 costs more in page faults than its arithmetic)."""
-    if m.dtype == torch.float64 and m.is_contiguous() and workspace.owned(m):
-        a = m.numpy()
+def _negated(m: torch.Tensor, dtype: type = np.float64) -> Iterator[np.ndarray]:
+    """-m in ``dtype`` as a C-contiguous array: negated in place (and back afterwards) when m
+    is a buffer of that dtype of the calling worker's (:mod:`glmc.matching.workspace`), else
+    a copy (a fresh 75 MB array at n = 3072 costs more in page faults than its arithmetic;
+    at n = 11008 a float32 copy is 485 MB beside the cost)."""
+    a = m.numpy()
+    if a.dtype == dtype and m.is_contiguous() and workspace.owned(m):
         np.negative(a, out=a)
         try:
             yield a
         finally:
             np.negative(a, out=a)
     else:
-        yield np.negative(m.numpy(), dtype=np.float64)
+        yield np.negative(a, dtype=dtype)
 
 
 def polar(m: torch.Tensor) -> torch.Tensor:

@@ -72,6 +72,9 @@ class AlignOptions:
             rounding); over ``learned``'s own. None: the CPU, or for
             :func:`glmc.barrier.run_barrier` its evaluation device. Activation matching and
             the universe frame's own steps run on the CPU.
+        spill: a folder where weight matching keeps its residual cache in files instead of
+            memory (see :class:`glmc.matching.options.WeightMatchingOptions`); None: in
+            memory.
     """
 
     residual: str = "orthogonal"
@@ -99,6 +102,7 @@ class AlignOptions:
     correction: str = "none"
     hand_over: bool = False
     device: str | torch.device | None = None
+    spill: str | None = None
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("heads mode", self.heads, HEADS),
@@ -124,7 +128,8 @@ class AlignOptions:
             role_weights=dict(self.role_weights),
             unit_cost=self.unit_cost, inner=self.inner, init=init,
             stream_start=stream_start if init == "activation" else None,
-            row_masks=row_masks or {}, hand_over=hand_over, device=self.device or "cpu")
+            row_masks=row_masks or {}, hand_over=hand_over, device=self.device or "cpu",
+            spill=self.spill)
 
     def starts_from_data(self) -> bool:
         """Whether weight matching's residual map starts from activation matching's (see
