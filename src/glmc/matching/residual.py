@@ -211,15 +211,25 @@ class ResidualCache:
         return self.prob.solve_stream(m, el[self.space])
 
     def terms(self, t: Element, el: dict[str, Element]) -> tuple[dict[str, float], StateDict]:
-        """The distance terms under residual map ``t`` and the fresh tensors moved to it."""
+        """The distance terms under residual map ``t`` and the fresh tensors moved to it.
+        Spilled (``opts.spill``), none is returned: each is moved, its term taken and the
+        copy dropped (a layer's attention, not every layer's, beside B), and taking ``t``
+        leaves them behind the map until :meth:`refresh` moves them again, by the same step
+        from the same tensor (the same bits, for a second product)."""
         if t is el[self.space]:
             moved = self.prob.moved((n, self.bt_all[n]) for n in self.fresh)
+            out = self.prob.terms(moved)
         else:
             step = t.compose(el[self.space].inverse())
-            moved = self.prob.moved(
-                (n, apply_axes(self.bt_all[n], self.prob.spec.axes[n], {self.space: step}))
-                for n in self.fresh)
-        out = self.prob.terms(moved)
+            pairs = ((n, apply_axes(self.bt_all[n], self.prob.spec.axes[n],
+                                    {self.space: step})) for n in self.fresh)
+            if isinstance(self.cross, SpilledTensors):
+                out, moved = {}, {}
+                for n, x in pairs:
+                    out |= self.prob.terms(self.prob.moved([(n, x)]))
+            else:
+                moved = self.prob.moved(pairs)
+                out = self.prob.terms(moved)
         tm = t.matrix(torch.float64, self.prob.device)
         for n, c in self.cross.items():
             out[n] = self.prob.sq_a[n] + self.prob.sq_b[n] - 2 * float((tm * c).sum())
