@@ -200,6 +200,14 @@ MATCHING_COPIES = 0.35
 #: the pair was held in bfloat16, its 15-iteration run at 2 threads, 10.75 GB, peaked 0.7 GB
 #: above the 1-iteration one at 1 thread), which the margin covers.
 HALF_MATCHING_COPIES = 0.4
+#: The same for such a pair with A streamed from its files (``glmc align --stream``): beside
+#: B in bfloat16 the matching holds no copy of A and keeps the residual cache in files
+#: (``WeightMatchingOptions.spill``), so what is left is a unit's tensors (A's made from its
+#: files, B's moved) with its n x n buffers and the steps' fresh tensors. Measured on 2 and 4
+#: of Llama-2-7B's 32 layers at its widths (bfloat16, 2 threads): 4.72 and 5.76 GB at the
+#: peak, which extrapolates per layer to 20.23 GB for the whole pair (an upper bound: on
+#: TinyLlama-1.1B the rule overestimated the held pair's peak by 26%), B 13.48 GB of it.
+STREAMED_MATCHING_COPIES = 0.15
 #: The same with the models kept in memory (merge; align's methods that read data, heads as
 #: circuits): B moved by the starting transform (its descent's start) and B aligned (built
 #: while A and B are held). Measured: a 1.1B-parameter pair passes 18.7 GB; A and B are
@@ -238,9 +246,9 @@ def pair_memory(a: str | Path, b: str | Path, extra_copies: float = MATCHING_COP
     ``half``: a pair both of whose folders store most parameters in bfloat16 is loaded and
     matched in it (``glmc align``'s pair handed over without data): the models in bfloat16
     and :data:`HALF_MATCHING_COPIES` instead of ``extra_copies``; ``stream`` with it: A
-    is streamed from its files (``load_model``'s ``stream``, never held), so the models
-    count B alone. (The working set is still the held pair's fraction of B: an estimate, not
-    yet measured streamed.)
+    is streamed from its files (``load_model``'s ``stream``, never held) and the residual
+    cache kept in files, so the models count B alone and the working set is
+    :data:`STREAMED_MATCHING_COPIES` of it.
 
     ``ranks``: (processes on this machine, processes in all) of a weight matching spread
     across ranks, each reading its share of the pair (:func:`glmc.matching.spread.load_pair`):
@@ -254,7 +262,8 @@ def pair_memory(a: str | Path, b: str | Path, extra_copies: float = MATCHING_COP
     here, world = ranks
     per_param, held = BYTES_PER_PARAM, sum(sizes[0]) + sum(sizes[1])
     if half and all(r[1] for r in read):  # type: ignore[index]
-        per_param, extra_copies = BYTES_PER_PARAM // 2, HALF_MATCHING_COPIES
+        per_param = BYTES_PER_PARAM // 2
+        extra_copies = STREAMED_MATCHING_COPIES if stream else HALF_MATCHING_COPIES
         held = sum(sizes[1]) if stream else held
     pair = per_param * held * here // world
     beside = here * (LARGEST_TENSOR_COPIES * BYTES_PER_PARAM * max(max(s) for s in sizes)

@@ -388,7 +388,7 @@ class Problem:
             if names is not None and n not in names:
                 continue
             if n in self.bundled:
-                out[n] = float((self.A[n] - x).double().pow(2).sum())
+                out[n] = squared_distance(self.A[n], x)
             else:
                 out[n] = self.sq_a[n] + self.sq_b[n] - 2 * float((self.A[n] * x).sum())
         return out
@@ -563,6 +563,15 @@ def propose_unit(prob: Problem, space: str, el: dict[str, Element], bt: StateDic
 #: residual stream, or is nested in a unit.)
 UNIT_STEPS: dict[type[Group], Callable[[Problem, str, dict[str, Element], StateDict],
                                       Proposal]] = {PermutationGroup: propose_unit}
+
+
+def squared_distance(a: torch.Tensor, b: torch.Tensor, block: int = 1 << 20) -> float:
+    """‖a − b‖² summed in float64, about ``block`` entries at a time (a float64 difference of
+    the whole tensor would be twice its float32 size beside it: 0.5 GB at 4096²)."""
+    a, b = a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1)
+    rows = max(1, block // max(1, a.shape[1]))
+    return sum(float((a[i:i + rows] - b[i:i + rows]).double().pow_(2).sum())
+               for i in range(0, a.shape[0], rows))
 
 
 def relative(distance: float, scale: float) -> float:

@@ -221,14 +221,16 @@ class ResidualCache:
             out = self.prob.terms(moved)
         else:
             step = t.compose(el[self.space].inverse())
-            pairs = ((n, apply_axes(self.bt_all[n], self.prob.spec.axes[n],
-                                    {self.space: step})) for n in self.fresh)
+
+            def move(n: str) -> torch.Tensor:
+                return apply_axes(self.bt_all[n], self.prob.spec.axes[n], {self.space: step})
+
             if isinstance(self.cross, SpilledTensors):
                 out, moved = {}, {}
-                for n, x in pairs:
-                    out |= self.prob.terms(self.prob.moved([(n, x)]))
+                for n in self.fresh:  # (the float32 move dropped once rounded, before the term)
+                    out |= self.prob.terms(self.prob.moved([(n, move(n))]))
             else:
-                moved = self.prob.moved(pairs)
+                moved = self.prob.moved((n, move(n)) for n in self.fresh)
                 out = self.prob.terms(moved)
         tm = t.matrix(torch.float64, self.prob.device)
         for n, c in self.cross.items():
