@@ -21,8 +21,8 @@ with the same result bit for bit. The state and the trace are :mod:`glmc.matchin
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import closing, nullcontext
 
 from glmc import distributed
 from glmc.matching import descent, executors, spread, workspace
@@ -60,7 +60,8 @@ def weight_matching(a: CanonicalModel, b: CanonicalModel,
     trace: list[dict] = []
     if on_iteration is not None:
         on_iteration(0, d.transform())
-    with executor(d) as run, _closing(d.cache):
+    # (the residual cache's files, when it spills, removed however the descent ends)
+    with executor(d) as run, closing(d.cache) if d.cache is not None else nullcontext():
         for it in range(opts.max_iter):
             start, record = d.distance(), Record(d, sweeps.due(it))
             for step in run.solve(record.due, d, solve_unit):  # each given the others
@@ -76,16 +77,6 @@ def weight_matching(a: CanonicalModel, b: CanonicalModel,
             if sweeps.converged(start, trace[-1]):
                 return MatchResult(d.transform(), trace, True, d.init_distance, d.scale)
     return MatchResult(d.transform(), trace, False, d.init_distance, d.scale)
-
-
-@contextmanager
-def _closing(cache: ResidualCache | None) -> Iterator[None]:
-    """The residual cache's files removed when the descent ends, however it ends."""
-    try:
-        yield
-    finally:
-        if cache is not None:
-            cache.close()
 
 
 def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
