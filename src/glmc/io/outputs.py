@@ -204,11 +204,11 @@ HALF_MATCHING_COPIES = 0.4
 #: B in bfloat16 the matching holds no copy of A and keeps the residual cache in files
 #: (``WeightMatchingOptions.spill``), so what is left is a unit's tensors (A's made from its
 #: files, B's moved) with its n x n buffers and the steps' fresh tensors. Measured on 2 and 4
-#: of Llama-2-7B's 32 layers at its widths (bfloat16, 2 threads): 4.72 and 5.77 GB at the
-#: peak, which extrapolates per layer to 20.37 GB for the whole pair (an upper bound: on
+#: of Llama-2-7B's 32 layers at its widths (bfloat16, 2 threads): 3.96 and 5.00 GB at the
+#: peak, which extrapolates per layer to 19.50 GB for the whole pair (an upper bound: on
 #: TinyLlama-1.1B the rule overestimated the held pair's peak by 26%), B 13.48 GB of it;
-#: this fraction estimates 20.5 GB.
-STREAMED_MATCHING_COPIES = 0.16
+#: this fraction estimates 19.7 GB (benchmarks/README.md).
+STREAMED_MATCHING_COPIES = 0.13
 #: The same with the models kept in memory (merge; align's methods that read data, heads as
 #: circuits): B moved by the starting transform (its descent's start) and B aligned (built
 #: while A and B are held). Measured: a 1.1B-parameter pair passes 18.7 GB; A and B are

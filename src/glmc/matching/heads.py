@@ -238,22 +238,14 @@ def _rotary(group: Any, st: PairStats, balance: Any) -> tuple[torch.Tensor, torc
     z = best_scalars(cplx(st.cx), cplx(st.cy), norm(st.gxb)[None], norm(st.gyb)[None],
                      unit=group.orthogonal)
     w = z / z.abs().pow(2)  # (the inverse-transpose of a scale-rotation: 1/s, same angle)
-    maps[..., :rot, :rot] = _complex_maps(z)
-    maps_it[..., :rot, :rot] = _complex_maps(w)
+    complex_blocks(z.real, z.imag, out=maps)  # (in place: every pair's maps, n x n blocks)
+    complex_blocks(w.real, w.imag, out=maps_it)
     if k > rot:
         rest = slice(rot, k)
         solve = _orthogonal if group.orthogonal else _invertible
         m, m_it = solve(group, st.sub(rest), None)
         maps[..., rest, rest], maps_it[..., rest, rest] = m, m_it
     return maps, maps_it
-
-
-def _complex_maps(z: torch.Tensor) -> torch.Tensor:
-    """(..., h) complex scalars -> (..., 2h, 2h) real maps in the rotate-half layout."""
-    flat = z.reshape(-1, z.shape[-1])
-    out = torch.stack([complex_blocks(c.real, c.imag) for c in flat])
-    h2 = 2 * z.shape[-1]
-    return out.reshape(*z.shape[:-1], h2, h2)
 
 
 def best_scalars(px: torch.Tensor, py: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor,
@@ -431,11 +423,12 @@ def head_costs(prob: Any, hu: HeadUnit, bt: StateDict) -> HeadCosts:
         # (A's Grams once: A never moves)
         gxa, gya = prob.memo(f"grams:{bd.space}", lambda xa=xa, ya=ya: (_gram(xa), _gram(ya)))
         grams[bd.space] = (gxa, gya, _gram(xb), _gram(yb))
+        del xa, xb, ya, yb  # (the rows, in float64: not held beside the next ones' maps)
     order = _order(prob, hu, sides)
     maps, stats = {}, {}
     total = torch.zeros(hu.n, hu.n, dtype=torch.float64, device=prob.device)
     for bd in hu.bundles:
-        sx, sy, gx, gy = sides[bd.space]
+        sx, sy, gx, gy = sides.pop(bd.space)  # (freed once chosen, where _chosen copies)
         gxa, gya, gxb, gyb = grams[bd.space]
         st = PairStats(_chosen(sx, gx, order), _chosen(sy, gy, order), gxa, gya, gxb, gyb)
         group = prob.groups[bd.space]

@@ -95,6 +95,11 @@ def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
     proposal = UNIT_STEPS[type(group)](prob, unit, el, bt)  # the cost, from the spec
     solution = solve(group, proposal.cost, el[unit], prob.dtype)  # the assignment
     proposal.cost = None  # (n x n: freed before the tensors are moved)
+    # Both elements it may take, made now: the proposal (heads: every pair's statistics and
+    # maps, n x n blocks) is freed before the tensors are read and moved.
+    new = proposal.finish(solution)
+    current = proposal.finish(el[unit]) if len(spaces) > 1 else None
+    del proposal
     if prob.opts.hand_over:  # (the worker's n x n buffers too: the pair fills the memory)
         workspace.release()
     before = prob.terms({n: bt_all[n] for n in names}, own)
@@ -105,11 +110,10 @@ def solve_unit(prob: Problem, cache: ResidualCache | None, unit: str,
         moved = prob.moved((n, apply_axes(bt[n], spec.axes[n], new)) for n in names)
         return moved, prob.terms(moved, own)
 
-    new = proposal.finish(solution)
     moved, terms = moved_to(new)
     rejected = not lowers(terms, before)  # (the cost is not D: the step may raise it)
-    if rejected and len(spaces) > 1:  # (the inner maps for the current heads, if they lower D)
-        new = proposal.finish(el[unit])
+    if rejected and current is not None:  # (the inner maps for the current heads, if they lower D)
+        new = current
         moved, terms = moved_to(new)
     if not lowers(terms, before):
         return UnitStep(unit, names, True, {k: el[k] for k in spaces},

@@ -371,12 +371,16 @@ class RotaryGroup(_BlockGroup):
         return super().subgroup(name)
 
 
-def complex_blocks(re: torch.Tensor, im: torch.Tensor) -> torch.Tensor:
-    """The (2h, 2h) map that multiplies x_i + i·x_{i+h} by re_i + i·im_i (h = len(re)): the
-    rotate-half layout's complex scalars, one per frequency pair."""
-    h = re.numel()
-    out = re.new_zeros(2 * h, 2 * h)
-    i = torch.arange(h)
-    out[i, i], out[i + h, i + h] = re, re
-    out[i, i + h], out[i + h, i] = -im, im
+def complex_blocks(re: torch.Tensor, im: torch.Tensor,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """The (..., 2h, 2h) maps that multiply x_i + i·x_{i+h} by re_i + i·im_i (re, im
+    (..., h)): the rotate-half layout's complex scalars, one per frequency pair. ``out``:
+    written into its leading (2h, 2h) blocks instead, which must be zeros (in place: a batch
+    of maps costs no copy)."""
+    h = re.shape[-1]
+    if out is None:
+        out = re.new_zeros(*re.shape[:-1], 2 * h, 2 * h)
+    i = torch.arange(h, device=out.device)
+    out[..., i, i], out[..., i + h, i + h] = re, re
+    out[..., i, i + h], out[..., i + h, i] = -im, im
     return out
