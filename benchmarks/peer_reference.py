@@ -36,6 +36,9 @@ from _common import HERE, RESULTS, machine, provenance, read_json, write_json
 from safetensors.torch import save_file
 
 PEER_METHODS = ("orthogonal", "orthogonal-exact", "perm", "perm-exact")
+#: The peer's learned matching (``peer_side.learn``): asked for by name, it reads glmc's
+#: training and validation windows too.
+PEER_LEARNED = "learned"
 GLMC_METHODS = ("none", "weight", "weight-perm")
 
 
@@ -49,15 +52,34 @@ def test_windows(a: Path, b: Path, data: str) -> tuple[torch.Tensor, torch.Tenso
     return x, y, lambda_grid(11)
 
 
+def learning_windows(a: Path, data: str) -> dict[str, torch.Tensor]:
+    """glmc's training and validation splits of ``data`` as the model's non-overlapping
+    windows (what the peer's learned matching reads: ``peer_side.learn``)."""
+    from glmc.evaluate import load_eval_data
+    from glmc.io.folders import load_model
+
+    config = load_model(a).canonical.config
+    ds = load_eval_data(data, config, folders=[a])
+    context = config.n_positions
+    out = {}
+    for split, key in (("train", "train"), ("val", "val")):
+        xs, ys = zip(*ds.eval_batches(split, 4096, context), strict=True)
+        out[f"{key}_x"], out[f"{key}_y"] = torch.cat(xs), torch.cat(ys)
+    return out
+
+
 def peer_losses(peer_src: Path, peer_python: Path, a: Path, b: Path, x: torch.Tensor,
-                y: torch.Tensor, lambdas: list, methods: list[str], threads: int) -> dict:
+                y: torch.Tensor, lambdas: list, methods: list[str], threads: int,
+                extra: dict[str, torch.Tensor] | None = None, epochs: float = 5.0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         win = Path(tmp) / "windows.safetensors"
-        save_file({"x": x.contiguous(), "y": y.contiguous()}, str(win))
+        save_file({"x": x.contiguous(), "y": y.contiguous(),
+                   **{k: v.contiguous() for k, v in (extra or {}).items()}}, str(win))
         req = Path(tmp) / "request.json"
         req.write_text(json.dumps({"a": str(a.resolve()), "b": str(b.resolve()),
                                    "windows": str(win), "lambdas": lambdas,
-                                   "methods": methods, "threads": threads}))
+                                   "methods": methods, "threads": threads,
+                                   "epochs": epochs}))
         done = subprocess.run([str(peer_python), str(HERE / "peer_side.py"), str(req)],
                               cwd=peer_src, capture_output=True, text=True)
     if done.returncode != 0:
@@ -91,7 +113,12 @@ def main(argv: list[str] | None = None) -> int:
                    "(heldout.py; its results go to results/peer_heldout.json by default)")
     p.add_argument("--pairs", nargs="*", default=None, help="GPT-2 pairs of the suite")
     p.add_argument("--cache", default="glmc-cache")
-    p.add_argument("--methods", nargs="*", default=list(PEER_METHODS))
+    p.add_argument("--methods", nargs="*", default=list(PEER_METHODS),
+                   choices=[*PEER_METHODS, PEER_LEARNED],
+                   help=f"the peer's methods (default: its weight matchings; '{PEER_LEARNED}': "
+                   "its learned matching, about as long as glmc's)")
+    p.add_argument("--peer-epochs", type=float, default=5.0,
+                   help="epochs of the peer's learned matching (its train_merger.py: 5)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
@@ -107,10 +134,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         x, y, lambdas = test_windows(a, b, data)
         t0 = time.perf_counter()
+        extra = learning_windows(a, data) if PEER_LEARNED in args.methods else None
         peer = peer_losses(args.peer_src, args.peer_python, a, b, x, y, lambdas, args.methods,
-                           args.threads)
+                           args.threads, extra, args.peer_epochs)
         peer_seconds = time.perf_counter() - t0
-        ours = run_barrier(str(a), str(b), data, methods=GLMC_METHODS)
+        ours = run_barrier(str(a), str(b), data, methods=GLMC_METHODS + (
+            ("learned",) if PEER_LEARNED in args.methods else ()))
         run = provenance(peer_versions=peer["versions"], command=" ".join(sys.argv))
         row: dict = {"title": title, "tokens": int(y.numel()), "peer": {}, "glmc": {},
                      "peer_versions": peer["versions"], "peer_seconds": round(peer_seconds, 1),
@@ -119,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             row["peer"][name] = {"loss_barrier": barrier(lambdas, r["losses"]),
                                  "losses": r["losses"],
                                  "align_seconds": round(r["align_seconds"], 2), **run}
+            if name in peer.get("learned", {}):
+                row["peer"][name]["learned"] = peer["learned"][name]
         for name, m in ours.methods.items():
             row["glmc"][name] = {"loss_barrier": m.loss_barrier, "losses": m.losses,
                                  "align_seconds": round(m.align_seconds, 2)}
