@@ -70,7 +70,8 @@ def learning_windows(a: Path, data: str) -> dict[str, torch.Tensor]:
 
 def peer_losses(peer_src: Path, peer_python: Path, a: Path, b: Path, x: torch.Tensor,
                 y: torch.Tensor, lambdas: list, methods: list[str], threads: int,
-                extra: dict[str, torch.Tensor] | None = None, epochs: float = 5.0) -> dict:
+                extra: dict[str, torch.Tensor] | None = None, epochs: float = 5.0,
+                dtype: str = "float32") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         win = Path(tmp) / "windows.safetensors"
         save_file({"x": x.contiguous(), "y": y.contiguous(),
@@ -79,7 +80,7 @@ def peer_losses(peer_src: Path, peer_python: Path, a: Path, b: Path, x: torch.Te
         req.write_text(json.dumps({"a": str(a.resolve()), "b": str(b.resolve()),
                                    "windows": str(win), "lambdas": lambdas,
                                    "methods": methods, "threads": threads,
-                                   "epochs": epochs}))
+                                   "epochs": epochs, "dtype": dtype}))
         done = subprocess.run([str(peer_python), str(HERE / "peer_side.py"), str(req)],
                               cwd=peer_src, capture_output=True, text=True)
     if done.returncode != 0:
@@ -119,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                    "its learned matching, about as long as glmc's)")
     p.add_argument("--peer-epochs", type=float, default=5.0,
                    help="epochs of the peer's learned matching (its train_merger.py: 5)")
+    p.add_argument("--peer-dtype", choices=("float32", "float64"), default="float32",
+                   help="the peer's models' dtype (float64: for a pair where its own check "
+                   "of the rewrites, logits within 1e-5, fails in float32)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         extra = learning_windows(a, data) if PEER_LEARNED in args.methods else None
         peer = peer_losses(args.peer_src, args.peer_python, a, b, x, y, lambdas, args.methods,
-                           args.threads, extra, args.peer_epochs)
+                           args.threads, extra, args.peer_epochs, args.peer_dtype)
         peer_seconds = time.perf_counter() - t0
         ours = run_barrier(str(a), str(b), data, methods=GLMC_METHODS + (
             ("learned",) if PEER_LEARNED in args.methods else ()))

@@ -35,6 +35,7 @@ def run(request: dict) -> dict:
     transformers = importlib.import_module("transformers")
     merger = importlib.import_module("merger")  # the peer's module, from its checkout
     torch.manual_seed(request.get("seed", 0))
+    torch.set_default_dtype(getattr(torch, request.get("dtype", "float32")))  # (its latents')
     torch.set_num_threads(request.get("threads", 1))
     windows = load_file(request["windows"])
     x, y = windows["x"], windows["y"]
@@ -44,7 +45,7 @@ def run(request: dict) -> dict:
         models = []
         for folder in (request["a"], request["b"]):
             m = transformers.GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager")
-            models.append(m.float().eval())
+            models.append(m.to(getattr(torch, request.get("dtype", "float32"))).eval())
         t0 = time.perf_counter()
         gm = merger.GPTMerger(models[0], models[1], token_freqs=None,
                               permutations_only=method.startswith("perm"),
@@ -64,7 +65,7 @@ def run(request: dict) -> dict:
                 gm.set_sampler(None, fixed_coeff=float(lam))
                 total, count = 0.0, 0
                 for i in range(0, x.shape[0], bs):
-                    logits = gm(input_ids=x[i:i + bs]).logits
+                    logits = gm(input_ids=x[i:i + bs]).logits.float()
                     t = y[i:i + bs]
                     total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
                                                    t.reshape(-1), reduction="sum"))
