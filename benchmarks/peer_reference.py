@@ -15,7 +15,8 @@ Then::
 
     python benchmarks/peer_reference.py --peer-src peer/src --peer-python peer/venv/bin/python
     python benchmarks/peer_reference.py --peer-src peer/src --peer-python peer/venv/bin/python \
-        --suite heldout --pairs t-gpt2-2l --methods learned --out benchmarks/results/peer_learned.json
+        --suite heldout --pairs t-gpt2-2l --methods learned \
+        --out benchmarks/results/peer_learned.json
 
 Peer methods: ``orthogonal`` and ``perm`` (permutations only) as its own evaluation runs them
 (the learned-matching latents start at I + N(0, 0.01²), a small rotation on top of the
