@@ -65,9 +65,9 @@ def learning_windows(a: Path, data: str) -> dict[str, torch.Tensor]:
     ds = load_eval_data(data, config, folders=[a])
     context = config.n_positions
     out = {}
-    for split, key in (("train", "train"), ("val", "val")):
+    for split in ("train", "val"):
         xs, ys = zip(*ds.eval_batches(split, 4096, context), strict=True)
-        out[f"{key}_x"], out[f"{key}_y"] = torch.cat(xs), torch.cat(ys)
+        out[f"{split}_x"], out[f"{split}_y"] = torch.cat(xs), torch.cat(ys)
     return out
 
 

@@ -65,7 +65,7 @@ def run(request: dict) -> dict:
                 gm.set_sampler(None, fixed_coeff=float(lam))
                 total, count = 0.0, 0
                 for i in range(0, x.shape[0], bs):
-                    logits = gm(input_ids=x[i:i + bs]).logits.float()
+                    logits = gm(input_ids=x[i:i + bs]).logits
                     t = y[i:i + bs]
                     total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
                                                    t.reshape(-1), reduction="sum"))
@@ -105,8 +105,7 @@ def learn(gm, request: dict, windows: dict) -> dict:
         return sum(losses) / len(losses)
 
     best = (val_loss(), 0, {k: v.detach().clone() for k, v in gm.proj.items()})
-    start_val, step, t0 = best[0], 0, time.perf_counter()
-    gm.set_sampler("narrow_uniform")
+    start_val, step, t0 = best[0], 0, time.perf_counter()  # (val_loss left λ sampled)
     while step < total:
         order = torch.randperm(tx.shape[0], generator=gen)
         for i in range(per_epoch):
